@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Prepare this host for building and testing containerd-shim-kvm-v1:
+# install the Debian packages, start virtlogd and libvirtd (no systemd here),
+# and build containerd 2.x for the integration tests' second flavour.
+#
+# Idempotent and quiet when everything is already in place: it then prints
+# only the final one-line version summary.
+#
+# Environment:
+#   EXTRA_PACKAGES      more Debian packages to install (space separated)
+#   CONTAINERD2_VERSION containerd 2.x version to build (default v2.2.1)
+#   LIBVIRT_URI         libvirt URI to check (default qemu:///system)
+#
+# containerd itself is not started: the integration tests run their own
+# private instances.
+set -euo pipefail
+
+PACKAGES=(
+	containerd runc
+	libvirt-daemon-system libvirt-clients qemu-system-x86 qemu-utils
+	golang-github-digitalocean-go-libvirt-dev
+	linux-image-cloud-amd64 busybox-static dosfstools mtools syslinux syslinux-common cpio
+	containernetworking-plugins iproute2 ethtool
+)
+# shellcheck disable=SC2206 # word splitting of the list is intended
+PACKAGES+=(${EXTRA_PACKAGES:-})
+
+CONTAINERD2_VERSION=${CONTAINERD2_VERSION:-v2.2.1}
+CONTAINERD2_BIN=/usr/local/lib/kvm-shim/containerd-${CONTAINERD2_VERSION}/bin
+LIBVIRT_URI=${LIBVIRT_URI:-qemu:///system}
+
+log() { echo "setup-host: $*" >&2; }
+die() {
+	log "error: $*"
+	exit 1
+}
+
+[ "$(id -u)" -eq 0 ] || die "must run as root"
+
+missing_packages() {
+	local p status
+	for p in "${PACKAGES[@]}"; do
+		status=$(dpkg-query -W -f='${db:Status-Abbrev}' "$p" 2>/dev/null || true)
+		[ "${status:0:2}" = "ii" ] || echo "$p"
+	done
+}
+
+install_packages() {
+	local missing
+	mapfile -t missing < <(missing_packages)
+	[ "${#missing[@]}" -gt 0 ] || return 0
+	# Refresh the package lists only when they are missing or older than a day.
+	if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*_Packages*' -mtime -1 -print -quit 2>/dev/null)" ]; then
+		log "apt-get update"
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+	fi
+	log "installing: ${missing[*]}"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# start_daemon NAME: run /usr/sbin/NAME -d unless a NAME process is alive.
+start_daemon() {
+	local name=$1 pidfile=/run/$1.pid
+	if [ -s "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+		return 0
+	fi
+	if pgrep -x "$name" >/dev/null; then
+		return 0
+	fi
+	log "starting $name"
+	"/usr/sbin/$name" -d
+}
+
+wait_libvirt() {
+	local deadline=$((SECONDS + 60))
+	until virsh -c "$LIBVIRT_URI" version >/dev/null 2>&1; do
+		[ "$SECONDS" -lt "$deadline" ] || die "libvirtd did not answer on $LIBVIRT_URI within 60s"
+		sleep 0.5
+	done
+	virsh -c "$LIBVIRT_URI" capabilities | grep -q "<domain type='qemu'" ||
+		die "libvirt capabilities on $LIBVIRT_URI show no qemu domain type"
+}
+
+build_containerd2() {
+	if [ -x "$CONTAINERD2_BIN/containerd" ] && [ -x "$CONTAINERD2_BIN/ctr" ] &&
+		"$CONTAINERD2_BIN/containerd" --version | grep -qF " ${CONTAINERD2_VERSION#v}"; then
+		return 0
+	fi
+	command -v go >/dev/null || die "go is needed to build containerd $CONTAINERD2_VERSION"
+	log "building containerd $CONTAINERD2_VERSION into $CONTAINERD2_BIN"
+	mkdir -p "$CONTAINERD2_BIN"
+	# Run outside any module so the project's go.mod does not interfere.
+	(cd / && GOBIN=$CONTAINERD2_BIN GOFLAGS=-buildvcs=false go install \
+		"github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD2_VERSION" \
+		"github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD2_VERSION")
+}
+
+install_packages
+start_daemon virtlogd
+start_daemon libvirtd
+wait_libvirt
+build_containerd2
+
+echo "setup-host: ok:" \
+	"containerd $(/usr/bin/containerd --version | awk '{print $3}')," \
+	"containerd2 $("$CONTAINERD2_BIN/containerd" --version | awk '{print $3}')," \
+	"runc $(runc --version | awk 'NR==1{print $3}')," \
+	"libvirt $(virsh -c "$LIBVIRT_URI" version | awk '/Using library/{print $4}')," \
+	"qemu $(qemu-system-x86_64 --version | awk 'NR==1{print $4}')," \
+	"go $(go version 2>/dev/null | awk '{print $3}' || echo none)"
