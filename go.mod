@@ -1,5 +1,15 @@
 module github.com/kvm-shim/containerd-shim-kvm-v1
 
-go 1.25.0
+go 1.26.0
 
 replace github.com/digitalocean/go-libvirt => /usr/share/gocode/src/github.com/digitalocean/go-libvirt
+
+require github.com/digitalocean/go-libvirt v0.0.0-00010101000000-000000000000
+
+require (
+	github.com/containerd/errdefs v1.0.0 // indirect
+	github.com/containerd/log v0.2.0 // indirect
+	github.com/cyphar/filepath-securejoin v0.5.1 // indirect
+	github.com/sirupsen/logrus v1.10.2 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+)

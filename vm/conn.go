@@ -1,0 +1,199 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/digitalocean/go-libvirt"
+	"github.com/digitalocean/go-libvirt/socket/dialers"
+)
+
+// DefaultSocket is libvirtd's read-write socket for qemu:///system.
+const DefaultSocket = "/var/run/libvirt/libvirt-sock"
+
+// Conn is a connection to libvirtd that reconnects by itself with backoff
+// and re-subscribes to lifecycle events. After each reconnect it sends an
+// EventReconnected so that the owner re-reads the state of its domains: no
+// exit is missed while libvirtd was away.
+type Conn struct {
+	socket string
+	events chan Event
+
+	mu sync.Mutex
+	l  *libvirt.Libvirt // guarded by mu; nil while disconnected
+
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// Connect dials libvirtd at socket and subscribes to lifecycle events. The
+// first connection must succeed; later losses are repaired in the
+// background until Close.
+func Connect(ctx context.Context, socket string) (*Conn, error) {
+	l, err := dial(socket)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	c := &Conn{
+		socket: socket,
+		events: make(chan Event, 64),
+		l:      l,
+		cancel: cancel,
+		done:   make(chan struct{}),
+	}
+	lifecycle, err := l.LifecycleEvents(ctx)
+	if err != nil {
+		cancel()
+		_ = l.Disconnect()
+		return nil, fmt.Errorf("subscribe to libvirt lifecycle events: %w", err)
+	}
+	go c.run(ctx, l, lifecycle)
+	return c, nil
+}
+
+func dial(socket string) (*libvirt.Libvirt, error) {
+	l := libvirt.NewWithDialer(dialers.NewLocal(dialers.WithSocket(socket), dialers.WithLocalTimeout(5*time.Second)))
+	if err := l.ConnectToURI(libvirt.QEMUSystem); err != nil {
+		return nil, fmt.Errorf("connect to libvirtd at %s: %v: %w", socket, err, errdefs.ErrUnavailable)
+	}
+	return l, nil
+}
+
+// Events delivers lifecycle events in the order libvirt sent them. The
+// owner must keep reading.
+func (c *Conn) Events() <-chan Event { return c.events }
+
+// Close ends the connection and the reconnect loop.
+func (c *Conn) Close() error {
+	c.cancel()
+	<-c.done
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.l == nil {
+		return nil
+	}
+	err := c.l.Disconnect()
+	c.l = nil
+	return err
+}
+
+func (c *Conn) run(ctx context.Context, l *libvirt.Libvirt, lifecycle <-chan libvirt.DomainEventLifecycleMsg) {
+	defer close(c.done)
+	for {
+		c.pump(ctx, lifecycle)
+		if ctx.Err() != nil {
+			return
+		}
+		c.mu.Lock()
+		c.l = nil
+		c.mu.Unlock()
+		log.G(ctx).WithField("socket", c.socket).Warn("lost connection to libvirtd, reconnecting")
+
+		var err error
+		l, lifecycle, err = c.reconnect(ctx)
+		if err != nil {
+			return // canceled
+		}
+		c.mu.Lock()
+		c.l = l
+		c.mu.Unlock()
+		log.G(ctx).WithField("socket", c.socket).Info("reconnected to libvirtd")
+		select {
+		case c.events <- Event{Kind: EventReconnected}:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// pump forwards lifecycle events until the subscription ends (the
+// connection dropped) or ctx is canceled.
+func (c *Conn) pump(ctx context.Context, lifecycle <-chan libvirt.DomainEventLifecycleMsg) {
+	for {
+		select {
+		case m, ok := <-lifecycle:
+			if !ok {
+				return
+			}
+			select {
+			case c.events <- eventFromLibvirt(m):
+			case <-ctx.Done():
+				return
+			}
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+func (c *Conn) reconnect(ctx context.Context) (*libvirt.Libvirt, <-chan libvirt.DomainEventLifecycleMsg, error) {
+	backoff := 100 * time.Millisecond
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		case <-time.After(backoff):
+		}
+		if backoff < 5*time.Second {
+			backoff *= 2
+		}
+		l, err := dial(c.socket)
+		if err != nil {
+			log.G(ctx).WithError(err).Debug("libvirtd not back yet")
+			continue
+		}
+		lifecycle, err := l.LifecycleEvents(ctx)
+		if err != nil {
+			log.G(ctx).WithError(err).Warn("subscribe to libvirt lifecycle events")
+			_ = l.Disconnect()
+			continue
+		}
+		return l, lifecycle, nil
+	}
+}
+
+// client returns the live connection or an Unavailable error while
+// reconnecting.
+func (c *Conn) client() (*libvirt.Libvirt, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.l == nil {
+		return nil, fmt.Errorf("libvirtd connection lost, reconnecting: %w", errdefs.ErrUnavailable)
+	}
+	return c.l, nil
+}
+
+// Version returns libvirtd's library version as "major.minor.micro".
+func (c *Conn) Version() (string, error) {
+	l, err := c.client()
+	if err != nil {
+		return "", err
+	}
+	v, err := l.ConnectGetLibVersion()
+	if err != nil {
+		return "", mapError(err, "get libvirt version")
+	}
+	return fmt.Sprintf("%d.%d.%d", v/1000000, v/1000%1000, v%1000), nil
+}
+
+// mapError gives libvirt errors containerd's error classes.
+func mapError(err error, what string) error {
+	var lerr libvirt.Error
+	if errors.As(err, &lerr) {
+		switch libvirt.ErrorNumber(lerr.Code) {
+		case libvirt.ErrNoDomain:
+			return fmt.Errorf("%s: %s: %w", what, lerr.Message, errdefs.ErrNotFound)
+		case libvirt.ErrOperationInvalid:
+			return fmt.Errorf("%s: %s: %w", what, lerr.Message, errdefs.ErrFailedPrecondition)
+		case libvirt.ErrDomExist:
+			return fmt.Errorf("%s: %s: %w", what, lerr.Message, errdefs.ErrAlreadyExists)
+		}
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}

@@ -1,0 +1,193 @@
+package vm
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/containerd/errdefs"
+	"github.com/digitalocean/go-libvirt"
+)
+
+// QEMUPidDir is where libvirt's QEMU driver writes each running domain's
+// pid file (<name>.pid).
+const QEMUPidDir = "/run/libvirt/qemu"
+
+// State is a domain's coarse state as the task service needs it.
+type State struct {
+	Running bool       // QEMU is up (running, paused, or shutting down)
+	Paused  bool       // vCPUs suspended
+	Reason  StopReason // when not running
+}
+
+// Stats are a running domain's resource counters.
+type Stats struct {
+	CPUTimeNs   uint64 // guest vCPU plus emulator CPU time
+	RSSBytes    uint64 // resident memory of the QEMU process
+	MemoryBytes uint64 // memory given to the guest
+}
+
+// Define creates or replaces the persistent definition of a domain.
+func (c *Conn) Define(domainXML []byte) error {
+	l, err := c.client()
+	if err != nil {
+		return err
+	}
+	if _, err := l.DomainDefineXML(string(domainXML)); err != nil {
+		return mapError(err, "define domain")
+	}
+	return nil
+}
+
+func (c *Conn) lookup(name string) (*libvirt.Libvirt, libvirt.Domain, error) {
+	l, err := c.client()
+	if err != nil {
+		return nil, libvirt.Domain{}, err
+	}
+	d, err := l.DomainLookupByName(name)
+	if err != nil {
+		return nil, libvirt.Domain{}, mapError(err, "look up domain "+name)
+	}
+	return l, d, nil
+}
+
+// Start boots a defined domain. With paused, QEMU starts with its vCPUs
+// stopped, so the caller can attach to the console before the first byte
+// of output, then call Resume.
+func (c *Conn) Start(name string, paused bool) error {
+	l, d, err := c.lookup(name)
+	if err != nil {
+		return err
+	}
+	var flags uint32
+	if paused {
+		flags = uint32(libvirt.DomainStartPaused)
+	}
+	if _, err := l.DomainCreateWithFlags(d, flags); err != nil {
+		return mapError(err, "start domain "+name)
+	}
+	return nil
+}
+
+// Suspend pauses the guest's vCPUs.
+func (c *Conn) Suspend(name string) error {
+	l, d, err := c.lookup(name)
+	if err != nil {
+		return err
+	}
+	return wrapIf(l.DomainSuspend(d), "suspend domain "+name)
+}
+
+// Resume lets the guest's vCPUs run again.
+func (c *Conn) Resume(name string) error {
+	l, d, err := c.lookup(name)
+	if err != nil {
+		return err
+	}
+	return wrapIf(l.DomainResume(d), "resume domain "+name)
+}
+
+// Shutdown presses the guest's ACPI power button. A guest that ignores it
+// keeps running.
+func (c *Conn) Shutdown(name string) error {
+	l, d, err := c.lookup(name)
+	if err != nil {
+		return err
+	}
+	return wrapIf(l.DomainShutdownFlags(d, libvirt.DomainShutdownAcpiPowerBtn), "power off domain "+name)
+}
+
+// Destroy stops QEMU at once.
+func (c *Conn) Destroy(name string) error {
+	l, d, err := c.lookup(name)
+	if err != nil {
+		return err
+	}
+	return wrapIf(l.DomainDestroyFlags(d, 0), "destroy domain "+name)
+}
+
+// Undefine removes the persistent definition of a stopped domain. A domain
+// that is already gone is not an error.
+func (c *Conn) Undefine(name string) error {
+	l, d, err := c.lookup(name)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	flags := libvirt.DomainUndefineManagedSave | libvirt.DomainUndefineSnapshotsMetadata | libvirt.DomainUndefineNvram
+	err = wrapIf(l.DomainUndefineFlags(d, flags), "undefine domain "+name)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// State returns whether the domain runs and, if not, why it stopped.
+func (c *Conn) State(name string) (State, error) {
+	l, d, err := c.lookup(name)
+	if err != nil {
+		return State{}, err
+	}
+	st, reason, err := l.DomainGetState(d, 0)
+	if err != nil {
+		return State{}, mapError(err, "get state of domain "+name)
+	}
+	switch libvirt.DomainState(st) {
+	case libvirt.DomainShutoff, libvirt.DomainCrashed, libvirt.DomainNostate:
+		r := StopCrashed
+		if libvirt.DomainState(st) != libvirt.DomainCrashed {
+			r = stopReasonFromShutoff(libvirt.DomainShutoffReason(reason))
+		}
+		return State{Reason: r}, nil
+	case libvirt.DomainPaused, libvirt.DomainPmsuspended:
+		return State{Running: true, Paused: true}, nil
+	}
+	return State{Running: true}, nil
+}
+
+// Stats returns CPU time and memory of a running domain.
+func (c *Conn) Stats(name string) (Stats, error) {
+	l, d, err := c.lookup(name)
+	if err != nil {
+		return Stats{}, err
+	}
+	_, _, memKiB, _, cpuNs, err := l.DomainGetInfo(d)
+	if err != nil {
+		return Stats{}, mapError(err, "get info of domain "+name)
+	}
+	s := Stats{CPUTimeNs: cpuNs, MemoryBytes: memKiB * 1024}
+	mem, err := l.DomainMemoryStats(d, uint32(libvirt.DomainMemoryStatNr), 0)
+	if err != nil {
+		return Stats{}, mapError(err, "get memory stats of domain "+name)
+	}
+	for _, m := range mem {
+		if libvirt.DomainMemoryStatTags(m.Tag) == libvirt.DomainMemoryStatRss {
+			s.RSSBytes = m.Val * 1024
+		}
+	}
+	return s, nil
+}
+
+// PID returns the pid of the domain's QEMU process from libvirt's pid file.
+func PID(name string) (int, error) {
+	b, err := os.ReadFile(filepath.Join(QEMUPidDir, name+".pid"))
+	if err != nil {
+		return 0, fmt.Errorf("read QEMU pid of domain %s: %w", name, err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("QEMU pid file of domain %s holds %q", name, b)
+	}
+	return pid, nil
+}
+
+func wrapIf(err error, what string) error {
+	if err == nil {
+		return nil
+	}
+	return mapError(err, what)
+}

@@ -1,0 +1,146 @@
+package vm
+
+import "encoding/xml"
+
+// MetadataNamespace is the XML namespace of the shim's element inside the
+// domain's <metadata>.
+const MetadataNamespace = "https://github.com/kvm-shim/containerd-shim-kvm-v1/metadata/v1"
+
+// The types below are the subset of libvirt's domain schema that we render.
+// They are hand written because no libvirtxml module is obtainable here; keep
+// them small and let encoding/xml do all escaping.
+
+type domainXML struct {
+	XMLName    xml.Name     `xml:"domain"`
+	Type       string       `xml:"type,attr"`
+	Name       string       `xml:"name"`
+	UUID       string       `xml:"uuid"`
+	Metadata   *metadataXML `xml:"metadata,omitempty"`
+	Memory     sizeXML      `xml:"memory"`
+	VCPU       vcpuXML      `xml:"vcpu"`
+	OS         osXML        `xml:"os"`
+	Features   featuresXML  `xml:"features"`
+	CPU        *cpuXML      `xml:"cpu,omitempty"`
+	Clock      clockXML     `xml:"clock"`
+	OnPoweroff string       `xml:"on_poweroff"`
+	OnReboot   string       `xml:"on_reboot"`
+	OnCrash    string       `xml:"on_crash"`
+	Devices    devicesXML   `xml:"devices"`
+}
+
+type metadataXML struct {
+	VM vmMetaXML
+}
+
+type vmMetaXML struct {
+	XMLName xml.Name `xml:"https://github.com/kvm-shim/containerd-shim-kvm-v1/metadata/v1 vm"`
+	Metadata
+}
+
+type sizeXML struct {
+	Unit  string `xml:"unit,attr"`
+	Value int    `xml:",chardata"`
+}
+
+type vcpuXML struct {
+	Placement string `xml:"placement,attr"`
+	Value     int    `xml:",chardata"`
+}
+
+type osXML struct {
+	Type    osTypeXML `xml:"type"`
+	Kernel  string    `xml:"kernel,omitempty"`
+	Initrd  string    `xml:"initrd,omitempty"`
+	Cmdline string    `xml:"cmdline,omitempty"`
+	Boot    *bootXML  `xml:"boot,omitempty"`
+}
+
+type osTypeXML struct {
+	Arch    string `xml:"arch,attr"`
+	Machine string `xml:"machine,attr,omitempty"`
+	Value   string `xml:",chardata"`
+}
+
+type bootXML struct {
+	Dev string `xml:"dev,attr"`
+}
+
+type featuresXML struct {
+	ACPI *struct{} `xml:"acpi"`
+	APIC *struct{} `xml:"apic"`
+}
+
+type cpuXML struct {
+	Mode string `xml:"mode,attr"`
+}
+
+type clockXML struct {
+	Offset string `xml:"offset,attr"`
+}
+
+type devicesXML struct {
+	Emulator   string         `xml:"emulator"`
+	Disks      []diskXML      `xml:"disk"`
+	Serials    []serialXML    `xml:"serial"`
+	RNGs       []rngXML       `xml:"rng"`
+	MemBalloon *memBalloonXML `xml:"memballoon,omitempty"`
+}
+
+type diskXML struct {
+	Type     string        `xml:"type,attr"`
+	Device   string        `xml:"device,attr"`
+	Driver   diskDriverXML `xml:"driver"`
+	Source   diskSourceXML `xml:"source"`
+	Target   diskTargetXML `xml:"target"`
+	ReadOnly *struct{}     `xml:"readonly,omitempty"`
+}
+
+type diskDriverXML struct {
+	Name    string `xml:"name,attr"`
+	Type    string `xml:"type,attr"`
+	Discard string `xml:"discard,attr,omitempty"`
+}
+
+type diskSourceXML struct {
+	File string `xml:"file,attr"`
+}
+
+type diskTargetXML struct {
+	Dev string `xml:"dev,attr"`
+	Bus string `xml:"bus,attr"`
+}
+
+type serialXML struct {
+	Type   string          `xml:"type,attr"`
+	Source serialSourceXML `xml:"source"`
+	Log    *serialLogXML   `xml:"log,omitempty"`
+	Target serialTargetXML `xml:"target"`
+}
+
+type serialSourceXML struct {
+	Mode string `xml:"mode,attr"`
+	Path string `xml:"path,attr"`
+}
+
+type serialLogXML struct {
+	File   string `xml:"file,attr"`
+	Append string `xml:"append,attr"`
+}
+
+type serialTargetXML struct {
+	Port int `xml:"port,attr"`
+}
+
+type rngXML struct {
+	Model   string        `xml:"model,attr"`
+	Backend rngBackendXML `xml:"backend"`
+}
+
+type rngBackendXML struct {
+	Model string `xml:"model,attr"`
+	Value string `xml:",chardata"`
+}
+
+type memBalloonXML struct {
+	Model string `xml:"model,attr"`
+}

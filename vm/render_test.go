@@ -1,0 +1,152 @@
+package vm
+
+import (
+	"bytes"
+	"encoding/xml"
+	"flag"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+func baseSpec() Spec {
+	return Spec{
+		Name:      "kvm-default-vm1-0123456789ab",
+		UUID:      "6f1c2a4e-8d3b-5e7f-9a0b-1c2d3e4f5a6b",
+		VCPUs:     2,
+		MemoryMiB: 512,
+		Accel:     AccelTCG,
+		Emulator:  "/usr/bin/qemu-system-x86_64",
+		Machine:   "q35",
+		Console: Console{
+			Socket: "/var/lib/containerd-shim-kvm-v1/vms/kvm-default-vm1-0123456789ab/console.sock",
+			Log:    "/var/lib/containerd-shim-kvm-v1/vms/kvm-default-vm1-0123456789ab/console.log",
+		},
+		Meta: Metadata{
+			ContainerID: "vm1",
+			Namespace:   "default",
+			StateDir:    "/var/lib/containerd-shim-kvm-v1/vms/kvm-default-vm1-0123456789ab",
+		},
+	}
+}
+
+func goldenCases() map[string]Spec {
+	tcgDisk := baseSpec()
+	tcgDisk.Disk = &Disk{Path: "/var/lib/containerd-shim-kvm-v1/vms/kvm-default-vm1-0123456789ab/overlay.qcow2", Format: "qcow2"}
+
+	kvmKernel := baseSpec()
+	kvmKernel.Accel = AccelKVM
+	kvmKernel.VCPUs = 4
+	kvmKernel.Kernel = &Kernel{
+		Path:    "/var/lib/containerd-shim-kvm-v1/vms/x/vmlinuz",
+		Initrd:  "/var/lib/containerd-shim-kvm-v1/vms/x/initrd.img",
+		Cmdline: "console=ttyS0 quiet",
+	}
+	kvmKernel.Meta = Metadata{
+		SandboxID:     "sb1",
+		ContainerID:   "c1",
+		Namespace:     "k8s.io",
+		PodUID:        "uid-1",
+		PodName:       "web",
+		PodNamespace:  "prod",
+		ContainerName: "vm",
+		StateDir:      "/var/lib/containerd-shim-kvm-v1/pods/uid-1/vm",
+	}
+
+	// Hostile strings must come out escaped, never as markup.
+	hostile := baseSpec()
+	hostile.Kernel = &Kernel{Path: "/k", Cmdline: `console=ttyS0 x="</cmdline><devices>" & y='1'`}
+	hostile.Meta.PodName = "</vm><evil/>"
+
+	return map[string]Spec{"tcg-disk": tcgDisk, "kvm-kernel": kvmKernel, "escaping": hostile}
+}
+
+func TestRenderGolden(t *testing.T) {
+	for name, spec := range goldenCases() {
+		t.Run(name, func(t *testing.T) {
+			got, err := Render(&spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			golden := filepath.Join("testdata", name+".xml")
+			if *update {
+				if err := os.WriteFile(golden, got, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("%v (run go test ./vm -update to create it)", err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Errorf("rendered XML differs from %s:\n%s", golden, got)
+			}
+		})
+	}
+}
+
+// TestRenderEscapes parses the hostile case back: the values must survive
+// the round trip and no element may have been injected.
+func TestRenderEscapes(t *testing.T) {
+	spec := goldenCases()["escaping"]
+	out, err := Render(&spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back domainXML
+	if err := xml.Unmarshal(out, &back); err != nil {
+		t.Fatal(err)
+	}
+	if back.OS.Cmdline != spec.Kernel.Cmdline {
+		t.Errorf("cmdline round trip: got %q", back.OS.Cmdline)
+	}
+	if strings.Contains(string(out), "<evil") || strings.Contains(string(out), "<devices>\"") {
+		t.Errorf("markup injected:\n%s", out)
+	}
+}
+
+// TestRenderValidates checks every golden case against libvirt's own schema.
+func TestRenderValidates(t *testing.T) {
+	validator, err := exec.LookPath("virt-xml-validate")
+	if err != nil {
+		t.Skip("virt-xml-validate not installed (package libvirt-clients)")
+	}
+	if _, err := exec.LookPath("xmllint"); err != nil {
+		t.Skip("xmllint, which virt-xml-validate runs, not installed (package libxml2-utils)")
+	}
+	for name, spec := range goldenCases() {
+		out, err := Render(&spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := filepath.Join(t.TempDir(), name+".xml")
+		if err := os.WriteFile(f, out, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if msg, err := exec.Command(validator, f, "domain").CombinedOutput(); err != nil {
+			t.Errorf("%s does not validate: %v\n%s", name, err, msg)
+		}
+	}
+}
+
+func TestValidateRejects(t *testing.T) {
+	cases := map[string]func(*Spec){
+		"no boot source":   func(s *Spec) {},
+		"two boot sources": func(s *Spec) { s.Disk = &Disk{Path: "/d", Format: "raw"}; s.Kernel = &Kernel{Path: "/k"} },
+		"zero vcpus":       func(s *Spec) { s.Disk = &Disk{Path: "/d", Format: "raw"}; s.VCPUs = 0 },
+		"bad uuid":         func(s *Spec) { s.Disk = &Disk{Path: "/d", Format: "raw"}; s.UUID = "x" },
+		"bad format":       func(s *Spec) { s.Disk = &Disk{Path: "/d", Format: "vmdk"} },
+		"bad accel":        func(s *Spec) { s.Disk = &Disk{Path: "/d", Format: "raw"}; s.Accel = "hvf" },
+	}
+	for name, mutate := range cases {
+		s := baseSpec()
+		mutate(&s)
+		if _, err := Render(&s); err == nil {
+			t.Errorf("%s: rendered without error", name)
+		}
+	}
+}

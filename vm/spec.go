@@ -1,0 +1,96 @@
+package vm
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+)
+
+// Accel is the acceleration a domain runs with.
+type Accel string
+
+const (
+	// AccelKVM runs the guest with hardware virtualization (domain type kvm).
+	AccelKVM Accel = "kvm"
+	// AccelTCG runs the guest under QEMU's software emulator (domain type qemu).
+	AccelTCG Accel = "tcg"
+)
+
+// Spec is everything needed to render a domain. It is plain data: the
+// caller has already resolved paths, sizes and acceleration.
+type Spec struct {
+	Name      string // libvirt domain name, see DomainName
+	UUID      string // stable per VM, lower-case 8-4-4-4-12 hex
+	VCPUs     int
+	MemoryMiB int
+	Accel     Accel
+	Emulator  string // path of the QEMU binary (or its wrapper)
+	Machine   string // e.g. "q35"
+
+	// Exactly one boot source: a root disk, or a kernel for direct boot.
+	Disk   *Disk
+	Kernel *Kernel
+
+	Console Console
+	Meta    Metadata
+}
+
+// Disk is a disk image file attached as a virtio block device.
+type Disk struct {
+	Path   string // file QEMU opens (the overlay)
+	Format string // "qcow2" or "raw"
+}
+
+// Kernel is a direct kernel boot: QEMU loads the kernel and initrd itself.
+type Kernel struct {
+	Path    string
+	Initrd  string // optional
+	Cmdline string
+}
+
+// Console is the guest's first serial port: a unix socket QEMU listens on,
+// and a log file virtlogd keeps whether or not anyone is connected.
+type Console struct {
+	Socket string
+	Log    string
+}
+
+// Metadata is stored inside the domain so that a new shim can find and
+// adopt a VM from libvirt alone.
+type Metadata struct {
+	SandboxID     string `xml:"sandbox-id,omitempty" json:"sandboxID,omitempty"`
+	ContainerID   string `xml:"container-id" json:"containerID"`
+	Namespace     string `xml:"namespace" json:"namespace"`
+	PodUID        string `xml:"pod-uid,omitempty" json:"podUID,omitempty"`
+	PodName       string `xml:"pod-name,omitempty" json:"podName,omitempty"`
+	PodNamespace  string `xml:"pod-namespace,omitempty" json:"podNamespace,omitempty"`
+	ContainerName string `xml:"container-name,omitempty" json:"containerName,omitempty"`
+	StateDir      string `xml:"state-dir" json:"stateDir"`
+}
+
+var uuidRE = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+
+// Validate reports the first thing that makes the spec unrenderable.
+func (s *Spec) Validate() error {
+	switch {
+	case s.Name == "":
+		return errors.New("domain name is empty")
+	case !uuidRE.MatchString(s.UUID):
+		return fmt.Errorf("domain uuid %q is not a lower-case uuid", s.UUID)
+	case s.VCPUs < 1:
+		return fmt.Errorf("vcpus must be at least 1, got %d", s.VCPUs)
+	case s.MemoryMiB < 1:
+		return fmt.Errorf("memory must be at least 1 MiB, got %d", s.MemoryMiB)
+	case s.Accel != AccelKVM && s.Accel != AccelTCG:
+		return fmt.Errorf("unknown acceleration %q", s.Accel)
+	case s.Emulator == "":
+		return errors.New("emulator path is empty")
+	case (s.Disk == nil) == (s.Kernel == nil):
+		return errors.New("exactly one of disk and kernel must be set")
+	case s.Disk != nil && s.Disk.Format != "qcow2" && s.Disk.Format != "raw":
+		return fmt.Errorf("unknown disk format %q", s.Disk.Format)
+	case s.Console.Socket == "" || s.Console.Log == "":
+		return errors.New("console socket and log paths are required")
+	}
+	return nil
+}
