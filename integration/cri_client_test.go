@@ -1,0 +1,219 @@
+//go:build integration
+
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// criTimeout bounds one CRI call; StopContainer adds its own grace period.
+const criTimeout = 2 * time.Minute
+
+// criClient talks CRI to one private containerd, as kubelet would.
+type criClient struct {
+	conn *grpc.ClientConn
+	rt   cri.RuntimeServiceClient
+	img  cri.ImageServiceClient
+}
+
+func (c *containerd) dialCRI() (*criClient, error) {
+	conn, err := grpc.Dial("unix://"+c.Address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	return &criClient{conn: conn, rt: cri.NewRuntimeServiceClient(conn), img: cri.NewImageServiceClient(conn)}, nil
+}
+
+// cri returns a CRI client closed at the end of t.
+func (c *containerd) cri(t *testing.T) *criClient {
+	t.Helper()
+	cl, err := c.dialCRI()
+	if err != nil {
+		t.Fatalf("dial CRI on %s: %v", c.Address, err)
+	}
+	t.Cleanup(func() { cl.conn.Close() })
+	return cl
+}
+
+func criCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), criTimeout)
+}
+
+// waitCRIReady waits until CRI answers Version and reports the runtime and
+// the network ready (the CNI config is loaded).
+func (c *containerd) waitCRIReady() error {
+	cl, err := c.dialCRI()
+	if err != nil {
+		return err
+	}
+	defer cl.conn.Close()
+	return poll(60*time.Second, func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := cl.rt.Version(ctx, &cri.VersionRequest{}); err != nil {
+			return false, "CRI Version: " + err.Error()
+		}
+		st, err := cl.rt.Status(ctx, &cri.StatusRequest{})
+		if err != nil {
+			return false, "CRI Status: " + err.Error()
+		}
+		ready := map[string]bool{}
+		var detail []string
+		for _, cond := range st.GetStatus().GetConditions() {
+			ready[cond.Type] = cond.Status
+			detail = append(detail, fmt.Sprintf("%s=%v %s %s", cond.Type, cond.Status, cond.Reason, cond.Message))
+		}
+		return ready[cri.RuntimeReady] && ready[cri.NetworkReady], "CRI conditions: " + strings.Join(detail, "; ")
+	})
+}
+
+// pod is one CRI pod sandbox created by a test.
+type pod struct {
+	id     string
+	config *cri.PodSandboxConfig
+	logDir string
+}
+
+// runPod runs a pod sandbox with the given runtime handler; its log
+// directory lives in this containerd's directory.
+func (c *containerd) runPod(t *testing.T, cl *criClient, name, handler string, annotations map[string]string) *pod {
+	t.Helper()
+	uid := fmt.Sprintf("%s-%d", name, time.Now().UnixNano())
+	logDir := filepath.Join(c.Dir, "pods", uid)
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := &cri.PodSandboxConfig{
+		Metadata:     &cri.PodSandboxMetadata{Name: name, Namespace: "kvm-it", Uid: uid},
+		Hostname:     name,
+		LogDirectory: logDir,
+		Labels:       map[string]string{"app": name},
+		Annotations:  annotations,
+		Linux:        &cri.LinuxPodSandboxConfig{},
+	}
+	ctx, cancel := criCtx()
+	defer cancel()
+	resp, err := cl.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: cfg, RuntimeHandler: handler})
+	if err != nil {
+		t.Fatalf("RunPodSandbox %s (handler %s): %v", name, handler, err)
+	}
+	return &pod{id: resp.PodSandboxId, config: cfg, logDir: logDir}
+}
+
+// containerConfig is a VM container of image with a 256Mi memory limit.
+func containerConfig(name, image string, annotations map[string]string) *cri.ContainerConfig {
+	return &cri.ContainerConfig{
+		Metadata:    &cri.ContainerMetadata{Name: name},
+		Image:       &cri.ImageSpec{Image: image},
+		LogPath:     name + "/0.log",
+		Annotations: annotations,
+		Linux: &cri.LinuxContainerConfig{
+			Resources: &cri.LinuxContainerResources{MemoryLimitInBytes: 256 << 20},
+		},
+	}
+}
+
+func (cl *criClient) createContainer(p *pod, cfg *cri.ContainerConfig) (string, error) {
+	ctx, cancel := criCtx()
+	defer cancel()
+	resp, err := cl.rt.CreateContainer(ctx, &cri.CreateContainerRequest{
+		PodSandboxId: p.id, Config: cfg, SandboxConfig: p.config,
+	})
+	if err != nil {
+		return "", err
+	}
+	return resp.ContainerId, nil
+}
+
+func (cl *criClient) containerStatus(t *testing.T, id string) *cri.ContainerStatus {
+	t.Helper()
+	ctx, cancel := criCtx()
+	defer cancel()
+	resp, err := cl.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: id})
+	if err != nil {
+		t.Fatalf("ContainerStatus %s: %v", id, err)
+	}
+	return resp.Status
+}
+
+// waitContainerState polls ContainerStatus until the container is in state.
+func (cl *criClient) waitContainerState(t *testing.T, id string, state cri.ContainerState, timeout time.Duration) *cri.ContainerStatus {
+	t.Helper()
+	var st *cri.ContainerStatus
+	if err := poll(timeout, func() (bool, string) {
+		st = cl.containerStatus(t, id)
+		return st.State == state, fmt.Sprintf("container %s is %s (%s %s), want %s", id, st.State, st.Reason, st.Message, state)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// stopAndRemovePod stops and removes a sandbox and everything in it.
+func (cl *criClient) stopAndRemovePod(t *testing.T, p *pod) {
+	t.Helper()
+	ctx, cancel := criCtx()
+	defer cancel()
+	if _, err := cl.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: p.id}); err != nil {
+		t.Errorf("StopPodSandbox %s: %v", p.id, err)
+	}
+	if _, err := cl.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: p.id}); err != nil {
+		t.Errorf("RemovePodSandbox %s: %v", p.id, err)
+	}
+}
+
+// waitLog waits until the CRI log file at path contains want.
+func waitLog(path, want string, timeout time.Duration) error {
+	return poll(timeout, func() (bool, string) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return false, err.Error()
+		}
+		return strings.Contains(string(b), want), fmt.Sprintf("%s has no %q; tail:\n%s", path, want, tail(string(b), 20))
+	})
+}
+
+// criCleanup stops and removes every pod sandbox still known to CRI.
+func (c *containerd) criCleanup(t *testing.T) {
+	cl, err := c.dialCRI()
+	if err != nil {
+		t.Logf("cleanup: dial CRI: %v", err)
+		return
+	}
+	defer cl.conn.Close()
+	ctx, cancel := criCtx()
+	defer cancel()
+	pods, err := cl.rt.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
+	if err != nil {
+		t.Logf("cleanup: ListPodSandbox: %v", err)
+		return
+	}
+	for _, p := range pods.Items {
+		t.Logf("cleanup: removing pod sandbox %s (%s)", p.Id, p.Metadata.GetName())
+		if _, err := cl.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: p.Id}); err != nil {
+			t.Logf("cleanup: StopPodSandbox %s: %v", p.Id, err)
+		}
+		if _, err := cl.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: p.Id}); err != nil {
+			t.Logf("cleanup: RemovePodSandbox %s: %v", p.Id, err)
+		}
+	}
+}
+
+// tail returns the last n lines of s.
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

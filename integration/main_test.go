@@ -1,0 +1,228 @@
+//go:build integration
+
+// Package integration drives the freshly built containerd-shim-kvm-v1 through
+// real containerd (Debian's 1.6 and a 2.x build), libvirtd and QEMU, with ctr
+// and with a CRI client the way kubelet would.
+//
+// Run as root after hack/setup-host.sh and hack/guest/build.sh:
+//
+//	go test -tags integration -v -timeout 60m ./integration/
+//
+// Environment:
+//
+//	KVM_IT_FLAVOURS  comma-separated containerd flavours to run (default "1.6,2.x")
+//	KVM_IT_IMAGES    directory of guest image archives (default <repo>/_output/images)
+package integration
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// suite is the environment shared by every test; nil when skipReason is set.
+var (
+	suite      *testSuite
+	skipReason string
+)
+
+// testSuite holds what TestMain built and started.
+type testSuite struct {
+	repo      string
+	tmp       string // everything this run creates on disk lives below
+	binDir    string // first in containerd's PATH: holds the freshly built shim
+	imagesDir string
+
+	shimErr error            // why the shim could not be built, if it could not
+	images  map[string]image // archives found, by short name
+	missing []string         // required archives not found
+
+	flavours []*containerd
+
+	// kvm-* libvirt domains that existed before this run: not ours.
+	foreignDomains map[string]bool
+}
+
+func TestMain(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	if os.Geteuid() != 0 {
+		skipReason = "integration tests need root (containerd, mounts, libvirt qemu:///system)"
+		return m.Run()
+	}
+	s, err := newSuite()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "integration: setup failed: %v\n", err)
+		if s != nil {
+			if cerr := s.close(); cerr != nil {
+				fmt.Fprintf(os.Stderr, "integration: teardown: %v\n", cerr)
+			}
+		}
+		return 1
+	}
+	suite = s
+	code := m.Run()
+	if err := s.close(); err != nil {
+		fmt.Fprintf(os.Stderr, "integration: FAIL: teardown found leftovers or errors:\n%v\n", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	return code
+}
+
+func newSuite() (*testSuite, error) {
+	repo, err := filepath.Abs("..")
+	if err != nil {
+		return nil, err
+	}
+	tmp, err := os.MkdirTemp("", "kvm-it-")
+	if err != nil {
+		return nil, err
+	}
+	// libvirt runs QEMU as libvirt-qemu: it must be able to reach the shim's
+	// state dir below tmp.
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return nil, err
+	}
+	s := &testSuite{
+		repo:      repo,
+		tmp:       tmp,
+		binDir:    filepath.Join(tmp, "bin"),
+		imagesDir: envOr("KVM_IT_IMAGES", filepath.Join(repo, "_output", "images")),
+	}
+	if err := os.MkdirAll(s.binDir, 0o755); err != nil {
+		return s, err
+	}
+	s.shimErr = s.buildShim()
+	if s.shimErr != nil {
+		fmt.Fprintf(os.Stderr, "integration: %v\n(tests that need the kvm shim will fail)\n", s.shimErr)
+	}
+	s.images, s.missing, err = findImages(s.imagesDir)
+	if err != nil {
+		return s, err
+	}
+	if len(s.missing) > 0 {
+		fmt.Fprintf(os.Stderr, "integration: missing guest images in %s: %s; build them with hack/guest/build.sh\n",
+			s.imagesDir, strings.Join(s.missing, ", "))
+	}
+	if s.foreignDomains, err = kvmDomains(); err != nil {
+		return s, err
+	}
+	for name := range s.foreignDomains {
+		fmt.Fprintf(os.Stderr, "integration: warning: libvirt domain %s existed before this run; ignored by leftover checks\n", name)
+	}
+
+	wanted := strings.Split(envOr("KVM_IT_FLAVOURS", "1.6,2.x"), ",")
+	for _, name := range wanted {
+		f, ok := flavours[strings.TrimSpace(name)]
+		if !ok {
+			return s, fmt.Errorf("KVM_IT_FLAVOURS: unknown flavour %q", name)
+		}
+		c, err := startContainerd(s, f)
+		if c != nil {
+			s.flavours = append(s.flavours, c)
+		}
+		if err != nil {
+			return s, err
+		}
+		if err := s.importImages(c); err != nil {
+			return s, err
+		}
+	}
+	return s, nil
+}
+
+// buildShim builds the shim from the current tree, so tests always test it.
+func (s *testSuite) buildShim() error {
+	out := filepath.Join(s.binDir, shimBinary)
+	cmd := exec.Command("go", "build", "-o", out, "./cmd/containerd-shim-kvm-v1")
+	cmd.Dir = s.repo
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("building the shim (go build -o %s ./cmd/containerd-shim-kvm-v1): %v\n%s", out, err, b)
+	}
+	return nil
+}
+
+func (s *testSuite) importImages(c *containerd) error {
+	for _, name := range imageNames {
+		img, ok := s.images[name]
+		if !ok {
+			continue
+		}
+		for _, ns := range []string{nsDefault, nsCRI} {
+			if r := c.ctr(ns, "images", "import", img.archive); r.err != nil {
+				return fmt.Errorf("containerd %s: import %s into %s: %v", c.name, img.archive, ns, r)
+			}
+		}
+	}
+	return nil
+}
+
+// close stops everything the suite started and reports what was left behind.
+func (s *testSuite) close() error {
+	var errs []error
+	for _, c := range s.flavours {
+		errs = append(errs, c.stop())
+	}
+	if err := os.RemoveAll(s.tmp); err != nil {
+		errs = append(errs, fmt.Errorf("remove %s: %w", s.tmp, err))
+	}
+	return errors.Join(errs...)
+}
+
+// requireSuite skips without root and returns the suite.
+func requireSuite(t *testing.T) *testSuite {
+	t.Helper()
+	if skipReason != "" {
+		t.Skip(skipReason)
+	}
+	return suite
+}
+
+// requireKVM returns the suite after checking that the shim was built and
+// that the named guest images exist; it fails the test otherwise.
+func requireKVM(t *testing.T, images ...string) *testSuite {
+	t.Helper()
+	s := requireSuite(t)
+	if s.shimErr != nil {
+		t.Fatalf("kvm shim not available: %v", s.shimErr)
+	}
+	s.requireImages(t, images...)
+	return s
+}
+
+// requireImages fails the test when a named guest image archive is missing.
+func (s *testSuite) requireImages(t *testing.T, names ...string) {
+	t.Helper()
+	for _, n := range names {
+		if _, ok := s.images[n]; !ok {
+			t.Fatalf("guest image %s (%s) missing in %s: build it with hack/guest/build.sh",
+				n, knownImages[n].file, s.imagesDir)
+		}
+	}
+}
+
+// forEachFlavour runs f as a subtest against every running containerd.
+func (s *testSuite) forEachFlavour(t *testing.T, f func(t *testing.T, c *containerd)) {
+	t.Helper()
+	for _, c := range s.flavours {
+		t.Run(c.name, func(t *testing.T) {
+			c.watch(t)
+			f(t, c)
+		})
+	}
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
