@@ -4,20 +4,48 @@ go 1.26.0
 
 replace github.com/digitalocean/go-libvirt => /usr/share/gocode/src/github.com/digitalocean/go-libvirt
 
-require github.com/digitalocean/go-libvirt v0.0.0-00010101000000-000000000000
+require (
+	github.com/containerd/cgroups/v3 v3.0.2
+	github.com/containerd/containerd v1.7.35
+	github.com/containerd/containerd/api v1.8.0
+	github.com/containerd/errdefs v0.3.0
+	github.com/containerd/fifo v1.1.0
+	github.com/containerd/log v0.2.0
+	github.com/containerd/ttrpc v1.2.7
+	github.com/containerd/typeurl/v2 v2.1.1
+	github.com/cyphar/filepath-securejoin v0.5.1
+	github.com/digitalocean/go-libvirt v0.0.0-00010101000000-000000000000
+	github.com/opencontainers/runtime-spec v1.1.0
+	github.com/pelletier/go-toml/v2 v2.2.2
+	golang.org/x/sys v0.49.0
+	google.golang.org/grpc v1.59.0
+	google.golang.org/protobuf v1.35.2
+	k8s.io/cri-api v0.27.1
+)
 
 require (
-	github.com/containerd/errdefs v1.0.0 // indirect
-	github.com/containerd/log v0.2.0 // indirect
-	github.com/cyphar/filepath-securejoin v0.5.1 // indirect
+	github.com/Microsoft/go-winio v0.6.2 // indirect
+	github.com/Microsoft/hcsshim v0.11.7 // indirect
+	github.com/containerd/cgroups v1.1.0 // indirect
+	github.com/containerd/console v1.0.3 // indirect
+	github.com/containerd/continuity v0.4.4 // indirect
+	github.com/containerd/go-runc v1.0.0 // indirect
+	github.com/docker/go-events v0.0.0-20190806004212-e31b211e4f1c // indirect
 	github.com/gogo/protobuf v1.3.2 // indirect
-	github.com/golang/protobuf v1.5.3 // indirect
+	github.com/golang/groupcache v0.0.0-20210331224755-41bb18bfe9da // indirect
+	github.com/golang/protobuf v1.5.4 // indirect
+	github.com/google/go-cmp v0.6.0 // indirect
+	github.com/moby/sys/mountinfo v0.6.2 // indirect
+	github.com/moby/sys/sequential v0.5.0 // indirect
+	github.com/moby/sys/userns v0.1.0 // indirect
+	github.com/opencontainers/go-digest v1.0.0 // indirect
+	github.com/opencontainers/image-spec v1.1.0 // indirect
+	github.com/pkg/errors v0.9.1 // indirect
 	github.com/sirupsen/logrus v1.10.2 // indirect
-	golang.org/x/net v0.14.0 // indirect
-	golang.org/x/sys v0.49.0 // indirect
-	golang.org/x/text v0.12.0 // indirect
-	google.golang.org/genproto/googleapis/rpc v0.0.0-20230822172742-b8732ec3820d // indirect
-	google.golang.org/grpc v1.59.0 // indirect
-	google.golang.org/protobuf v1.31.0 // indirect
-	k8s.io/cri-api v0.27.1 // indirect
+	go.opencensus.io v0.24.0 // indirect
+	golang.org/x/net v0.55.0 // indirect
+	golang.org/x/sync v0.20.0 // indirect
+	golang.org/x/text v0.37.0 // indirect
+	google.golang.org/genproto v0.0.0-20231211222908-989df2bf70f3 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20240401170217-c3f982113cda // indirect
 )

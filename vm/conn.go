@@ -85,6 +85,7 @@ func (c *Conn) Close() error {
 
 func (c *Conn) run(ctx context.Context, l *libvirt.Libvirt, lifecycle <-chan libvirt.DomainEventLifecycleMsg) {
 	defer close(c.done)
+	defer close(c.events)
 	for {
 		c.pump(ctx, lifecycle)
 		if ctx.Err() != nil {

@@ -1,6 +1,7 @@
 package vm
 
 import (
+	"encoding/xml"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -190,4 +191,21 @@ func wrapIf(err error, what string) error {
 		return nil
 	}
 	return mapError(err, what)
+}
+
+// Metadata returns the shim's metadata stored in the domain.
+func (c *Conn) Metadata(name string) (Metadata, error) {
+	l, d, err := c.lookup(name)
+	if err != nil {
+		return Metadata{}, err
+	}
+	s, err := l.DomainGetMetadata(d, int32(libvirt.DomainMetadataElement), libvirt.OptString{MetadataNamespace}, libvirt.DomainAffectConfig)
+	if err != nil {
+		return Metadata{}, mapError(err, "get metadata of domain "+name)
+	}
+	var m vmMetaXML
+	if err := xml.Unmarshal([]byte(s), &m); err != nil {
+		return Metadata{}, fmt.Errorf("parse metadata of domain %s: %w", name, err)
+	}
+	return m.Metadata, nil
 }

@@ -1,0 +1,157 @@
+package shim
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/pelletier/go-toml/v2"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
+)
+
+type checkLevel string
+
+const (
+	checkOK   checkLevel = "ok"
+	checkWarn checkLevel = "warn"
+	checkFail checkLevel = "FAIL"
+)
+
+type checkResult struct {
+	level      checkLevel
+	name, note string
+}
+
+// Check is the `check` subcommand: it prints what the host has and lacks
+// for running VM tasks and returns 1 when a hard requirement is missing.
+func Check(ctx context.Context, w io.Writer, args []string) int {
+	fs := flag.NewFlagSet("check", flag.ContinueOnError)
+	fs.SetOutput(w)
+	cfgPath := fs.String("config", "", "shim config file (default "+DefaultConfigPath+")")
+	ctrdCfg := fs.String("containerd-config", "/etc/containerd/config.toml", "containerd config to look for the runtime in")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	var results []checkResult
+	add := func(l checkLevel, name, format string, a ...any) {
+		results = append(results, checkResult{l, name, fmt.Sprintf(format, a...)})
+	}
+
+	cfg, err := LoadConfig(*cfgPath)
+	if err != nil {
+		add(checkFail, "config", "%v", err)
+		cfg = DefaultConfig()
+	} else {
+		add(checkOK, "config", "accel=%s state_dir=%s machine=%s", cfg.Accel, cfg.StateDir, cfg.Machine)
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if conn, err := vm.Connect(ctx, cfg.LibvirtSocket); err != nil {
+		add(checkFail, "libvirt", "%v", err)
+	} else {
+		v, err := conn.Version()
+		conn.Close()
+		if err != nil {
+			add(checkFail, "libvirt", "%v", err)
+		} else {
+			add(checkOK, "libvirt", "libvirtd %s at %s", v, cfg.LibvirtSocket)
+		}
+	}
+
+	kvm := vm.DetectKVM()
+	switch accel, warning, err := vm.ChooseAccel(cfg.Accel, kvm); {
+	case err != nil:
+		add(checkFail, "acceleration", "%v", err)
+	case warning != "":
+		add(checkWarn, "acceleration", "%s", warning)
+	default:
+		add(checkOK, "acceleration", "%s (%s)", accel, kvm.Reason)
+	}
+
+	for _, tool := range []struct{ name, path string }{{"qemu", cfg.QEMUBinary}, {"qemu-img", cfg.QEMUImg}} {
+		out, err := exec.CommandContext(ctx, tool.path, "--version").Output()
+		if err != nil {
+			add(checkFail, tool.name, "%s: %v", tool.path, err)
+			continue
+		}
+		add(checkOK, tool.name, "%s", strings.SplitN(strings.TrimSpace(string(out)), "\n", 2)[0])
+	}
+
+	for _, dev := range []string{"/dev/net/tun", "/dev/vhost-net"} {
+		if f, err := os.OpenFile(dev, os.O_RDWR, 0); err != nil {
+			add(checkWarn, filepath.Base(dev), "%v (needed for pod networking)", err)
+		} else {
+			f.Close()
+			add(checkOK, filepath.Base(dev), "%s opens", dev)
+		}
+	}
+
+	nodes, _ := filepath.Glob("/sys/devices/system/node/node[0-9]*")
+	add(checkOK, "numa", "%d node(s)", len(nodes))
+
+	if err := os.MkdirAll(cfg.StateDir, 0o711); err != nil {
+		add(checkFail, "state dir", "%v", err)
+	} else if err := checkSearchable(cfg.StateDir); err != nil {
+		add(checkFail, "state dir", "%v", err)
+	} else {
+		add(checkOK, "state dir", "%s", cfg.StateDir)
+	}
+
+	if found, err := runtimeRegistered(*ctrdCfg); err != nil {
+		add(checkWarn, "containerd", "%v", err)
+	} else if !found {
+		add(checkWarn, "containerd", "%s declares no runtime with runtime_type = %q (see the README)", *ctrdCfg, RuntimeName)
+	} else {
+		add(checkOK, "containerd", "%s declares runtime_type %q", *ctrdCfg, RuntimeName)
+	}
+
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	code := 0
+	for _, r := range results {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", r.level, r.name, r.note)
+		if r.level == checkFail {
+			code = 1
+		}
+	}
+	tw.Flush()
+	return code
+}
+
+// runtimeRegistered looks through a containerd config (version 2 or 3)
+// for any table with runtime_type = io.containerd.kvm.v1.
+func runtimeRegistered(path string) (bool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return false, err
+	}
+	var doc map[string]any
+	if err := toml.Unmarshal(b, &doc); err != nil {
+		return false, fmt.Errorf("parse %s: %w", path, err)
+	}
+	return hasRuntimeType(doc), nil
+}
+
+func hasRuntimeType(v any) bool {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return false
+	}
+	if m["runtime_type"] == RuntimeName {
+		return true
+	}
+	for _, child := range m {
+		if hasRuntimeType(child) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,126 @@
+package shim
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/containerd/containerd/errdefs"
+	"github.com/pelletier/go-toml/v2"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
+)
+
+// DefaultConfigPath is read when the runtime options name no ConfigPath.
+const DefaultConfigPath = "/etc/containerd-shim-kvm-v1/config.toml"
+
+// Config is the shim's TOML configuration. Every field has a default; see
+// the README's configuration reference.
+type Config struct {
+	// LibvirtURI must be qemu:///system, the only driver supported.
+	LibvirtURI string `toml:"libvirt_uri"`
+	// LibvirtSocket is libvirtd's socket for that URI.
+	LibvirtSocket string `toml:"libvirt_socket"`
+	// Accel is "auto" (KVM when usable, else TCG with a warning), "kvm" or "tcg".
+	Accel string `toml:"accel"`
+	// StateDir keeps VM disks, consoles and per-pod data. It and its
+	// parents must be searchable by the QEMU user.
+	StateDir string `toml:"state_dir"`
+	// QEMUBinary is the domain's <emulator>.
+	QEMUBinary string `toml:"qemu_binary"`
+	// QEMUImg creates overlays and probes images.
+	QEMUImg string `toml:"qemu_img"`
+	// Machine is the QEMU machine type.
+	Machine string `toml:"machine"`
+	// DefaultVCPUs and DefaultMemoryMiB size a VM whose spec sets no limits.
+	DefaultVCPUs     int `toml:"default_vcpus"`
+	DefaultMemoryMiB int `toml:"default_memory_mib"`
+	// MaxVCPUs and MaxMemoryMiB bound what a spec or annotation may ask.
+	MaxVCPUs     int `toml:"max_vcpus"`
+	MaxMemoryMiB int `toml:"max_memory_mib"`
+	// KernelCmdline is used for direct kernel boot unless the pod sets
+	// the kernel-cmdline annotation.
+	KernelCmdline string `toml:"kernel_cmdline"`
+}
+
+// DefaultConfig returns the built-in defaults.
+func DefaultConfig() Config {
+	return Config{
+		LibvirtURI:       "qemu:///system",
+		LibvirtSocket:    vm.DefaultSocket,
+		Accel:            "auto",
+		StateDir:         "/var/lib/containerd-shim-kvm-v1",
+		QEMUBinary:       "/usr/bin/qemu-system-x86_64",
+		QEMUImg:          "/usr/bin/qemu-img",
+		Machine:          "q35",
+		DefaultVCPUs:     1,
+		DefaultMemoryMiB: 512,
+		MaxVCPUs:         64,
+		MaxMemoryMiB:     256 * 1024,
+		KernelCmdline:    "console=ttyS0",
+	}
+}
+
+// LoadConfig reads the config at path over the defaults. A missing file at
+// the default path means defaults; a missing file that was asked for, an
+// unknown key or a bad value is an error naming the problem.
+func LoadConfig(path string) (Config, error) {
+	cfg := DefaultConfig()
+	explicit := path != ""
+	if !explicit {
+		path = DefaultConfigPath
+	}
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) && !explicit {
+		return cfg, nil
+	}
+	if err != nil {
+		return Config{}, fmt.Errorf("read shim config: %w", err)
+	}
+	dec := toml.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&cfg); err != nil {
+		var strict *toml.StrictMissingError
+		if errors.As(err, &strict) {
+			var keys []string
+			for _, e := range strict.Errors {
+				keys = append(keys, strings.Join(e.Key(), "."))
+			}
+			err = fmt.Errorf("unknown keys: %s", strings.Join(keys, ", "))
+		}
+		return Config{}, fmt.Errorf("shim config %s: %v: %w", path, err, errdefs.ErrInvalidArgument)
+	}
+	if err := cfg.validate(); err != nil {
+		return Config{}, fmt.Errorf("shim config %s: %v: %w", path, err, errdefs.ErrInvalidArgument)
+	}
+	return cfg, nil
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.LibvirtURI != "qemu:///system":
+		return fmt.Errorf("libvirt_uri = %q: only qemu:///system is supported", c.LibvirtURI)
+	case !filepath.IsAbs(c.StateDir):
+		return fmt.Errorf("state_dir = %q: must be an absolute path", c.StateDir)
+	case !filepath.IsAbs(c.QEMUBinary):
+		return fmt.Errorf("qemu_binary = %q: must be an absolute path", c.QEMUBinary)
+	case !filepath.IsAbs(c.QEMUImg):
+		return fmt.Errorf("qemu_img = %q: must be an absolute path", c.QEMUImg)
+	case c.MaxVCPUs < 1:
+		return fmt.Errorf("max_vcpus = %d: must be at least 1", c.MaxVCPUs)
+	case c.MaxMemoryMiB < minMemoryMiB:
+		return fmt.Errorf("max_memory_mib = %d: must be at least %d", c.MaxMemoryMiB, minMemoryMiB)
+	case c.DefaultVCPUs < 1 || c.DefaultVCPUs > c.MaxVCPUs:
+		return fmt.Errorf("default_vcpus = %d: must be between 1 and max_vcpus (%d)", c.DefaultVCPUs, c.MaxVCPUs)
+	case c.DefaultMemoryMiB < minMemoryMiB || c.DefaultMemoryMiB > c.MaxMemoryMiB:
+		return fmt.Errorf("default_memory_mib = %d: must be between %d and max_memory_mib (%d)", c.DefaultMemoryMiB, minMemoryMiB, c.MaxMemoryMiB)
+	}
+	if _, _, err := vm.ChooseAccel(c.Accel, vm.KVMInfo{Usable: true}); err != nil {
+		return err
+	}
+	return nil
+}

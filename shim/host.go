@@ -1,0 +1,66 @@
+package shim
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/containerd/log"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
+)
+
+// host is what all VM tasks of one shim share: the configuration, the
+// acceleration chosen for this host, and one libvirt connection.
+type host struct {
+	cfg    Config
+	accel  vm.Accel
+	conn   *vm.Conn
+	layout layout
+}
+
+func newHost(ctx context.Context, cfg Config, kvm vm.KVMInfo) (*host, error) {
+	accel, warning, err := vm.ChooseAccel(cfg.Accel, kvm)
+	if err != nil {
+		return nil, err
+	}
+	if warning != "" {
+		log.G(ctx).Warn(warning)
+	}
+	l := layout{root: cfg.StateDir}
+	for _, d := range []string{l.root, filepath.Join(l.root, "vms"), filepath.Join(l.root, "pods")} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, fmt.Errorf("create state dir: %w", err)
+		}
+	}
+	// The console socket path must fit a sockaddr_un.
+	if sock := filepath.Join(l.vmDir("0123456789ab"), "console.sock"); len(sock) > 107 {
+		return nil, fmt.Errorf("state_dir %s is too long: socket paths under it would exceed 107 bytes", l.root)
+	}
+	if err := checkSearchable(l.root); err != nil {
+		return nil, err
+	}
+	conn, err := vm.Connect(ctx, cfg.LibvirtSocket)
+	if err != nil {
+		return nil, err
+	}
+	return &host{cfg: cfg, accel: accel, conn: conn, layout: l}, nil
+}
+
+// checkSearchable makes sure QEMU, which runs as an unprivileged user, can
+// reach files under dir: every directory on the way needs o+x.
+func checkSearchable(dir string) error {
+	for d := dir; ; d = filepath.Dir(d) {
+		st, err := os.Stat(d)
+		if err != nil {
+			return fmt.Errorf("state_dir %s: %w", dir, err)
+		}
+		if st.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("state_dir %s: %s (mode %#o) is not searchable by the QEMU user; give it o+x or choose another state_dir", dir, d, st.Mode().Perm())
+		}
+		if d == "/" {
+			return nil
+		}
+	}
+}

@@ -1,0 +1,162 @@
+package shim
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/containerd/containerd/namespaces"
+	"github.com/containerd/containerd/runtime/v2/shim"
+	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
+)
+
+// RuntimeName is the containerd runtime this shim implements.
+const RuntimeName = "io.containerd.kvm.v1"
+
+// Manager is the shim binary's bootstrap side: `start` finds or starts the
+// shim of a pod, `delete` cleans up after a shim that died.
+type Manager struct{}
+
+var _ shim.Manager = Manager{}
+
+// Name returns the runtime name.
+func (Manager) Name() string { return RuntimeName }
+
+// Start returns the address of the shim serving the container's pod,
+// starting one if there is none yet. Containers of one CRI pod share a
+// shim (grouped by io.kubernetes.cri.sandbox-id); any other container gets
+// its own.
+func (Manager) Start(ctx context.Context, id string, opts shim.StartOpts) (_ string, retErr error) {
+	grouping := id
+	if spec, err := readSpec("."); err == nil {
+		if sb := spec.Annotations[annSandboxID]; sb != "" {
+			grouping = sb
+		}
+	}
+	address, err := shim.SocketAddress(ctx, opts.Address, grouping)
+	if err != nil {
+		return "", err
+	}
+	socket, err := shim.NewSocket(address)
+	if err != nil {
+		if !shim.SocketEaddrinuse(err) {
+			return "", fmt.Errorf("create shim socket: %w", err)
+		}
+		if shim.CanConnect(address) {
+			// The pod's shim is already running: hand its address back.
+			if err := shim.WriteAddress("address", address); err != nil {
+				return "", err
+			}
+			return address, nil
+		}
+		// A stale socket from a shim that died.
+		if err := shim.RemoveSocket(address); err != nil {
+			return "", fmt.Errorf("remove stale shim socket: %w", err)
+		}
+		if socket, err = shim.NewSocket(address); err != nil {
+			return "", fmt.Errorf("create shim socket: %w", err)
+		}
+	}
+	defer func() {
+		if retErr != nil {
+			socket.Close()
+			_ = shim.RemoveSocket(address)
+		}
+	}()
+	if err := shim.WriteAddress("address", address); err != nil {
+		return "", err
+	}
+	f, err := socket.File()
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+
+	cmd, err := serveCommand(ctx, id, opts)
+	if err != nil {
+		return "", err
+	}
+	cmd.ExtraFiles = []*os.File{f}
+	if err := cmd.Start(); err != nil {
+		return "", fmt.Errorf("start shim: %w", err)
+	}
+	go func() { _ = cmd.Wait() }()
+	defer func() {
+		if retErr != nil {
+			_ = cmd.Process.Kill()
+		}
+	}()
+	if err := shim.AdjustOOMScore(cmd.Process.Pid); err != nil {
+		return "", fmt.Errorf("adjust shim OOM score: %w", err)
+	}
+	return address, nil
+}
+
+// serveCommand re-executes this binary as the long-running shim server,
+// in its own process group so signals to containerd do not reach it.
+func serveCommand(ctx context.Context, id string, opts shim.StartOpts) (*exec.Cmd, error) {
+	ns, err := namespaces.NamespaceRequired(ctx)
+	if err != nil {
+		return nil, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cwd, err := os.Getwd()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"-namespace", ns, "-id", id, "-address", opts.Address}
+	if opts.Debug {
+		args = append(args, "-debug")
+	}
+	cmd := exec.Command(self, args...)
+	cmd.Dir = cwd
+	cmd.Env = append(os.Environ(), "GOMAXPROCS=2")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	return cmd, nil
+}
+
+// Stop is the cleanup `delete` that containerd runs when a task's shim is
+// gone. It undoes what the task's record lists, tolerates every piece
+// being gone already, and touches nothing of other containers.
+func (Manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
+	cwd, err := os.Getwd()
+	if err != nil {
+		return shim.StopStatus{}, err
+	}
+	bundle := filepath.Join(filepath.Dir(cwd), id)
+	status := shim.StopStatus{ExitedAt: time.Now(), ExitStatus: 128 + int(unix.SIGKILL)}
+	rec, err := readRecord(bundle)
+	if err != nil {
+		return status, err
+	}
+	if rec == nil {
+		return status, nil
+	}
+	status.Pid = rec.Pid
+	switch rec.Kind {
+	case kindSandbox:
+		if err := releaseSandbox(ctx, layout{root: rec.StateDir}, rec, false); err != nil {
+			return status, err
+		}
+		return status, removeRecord(bundle)
+	case kindVM:
+		conn, err := vm.Connect(ctx, rec.LibvirtSocket)
+		if err != nil {
+			log.G(ctx).WithError(err).Warn("cleanup without libvirt: the domain, if any, is left defined")
+		} else {
+			defer conn.Close()
+		}
+		return status, releaseVM(ctx, conn, rec, bundle)
+	}
+	return status, fmt.Errorf("task record of %s has unknown kind %q", id, rec.Kind)
+}

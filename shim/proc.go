@@ -1,0 +1,76 @@
+package shim
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/containerd/errdefs"
+)
+
+// proc is the lifecycle state every task has, whatever runs it: a status
+// machine (created → running ⇄ paused → stopped) and a once-only exit.
+type proc struct {
+	id     string
+	bundle string
+	stdio  stdio
+
+	mu         sync.Mutex
+	status     task.Status // guarded by mu
+	pid        int         // guarded by mu
+	exitStatus uint32      // guarded by mu
+	exitedAt   time.Time   // guarded by mu
+	exited     chan struct{}
+}
+
+type stdio struct {
+	Stdin, Stdout, Stderr string
+	Terminal              bool
+}
+
+func newProc(id, bundle string, io stdio) proc {
+	return proc{id: id, bundle: bundle, stdio: io, status: task.Status_CREATED, exited: make(chan struct{})}
+}
+
+func (p *proc) snapshot() (status task.Status, pid int, exitStatus uint32, exitedAt time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.status, p.pid, p.exitStatus, p.exitedAt
+}
+
+// setExitedLocked records the exit once; it reports false if the task had
+// already exited.
+func (p *proc) setExitedLocked(status uint32) bool {
+	if p.status == task.Status_STOPPED {
+		return false
+	}
+	p.status = task.Status_STOPPED
+	p.exitStatus = status
+	p.exitedAt = time.Now()
+	close(p.exited)
+	return true
+}
+
+// wait blocks until the task exits or ctx ends.
+func (p *proc) wait(ctx context.Context) (uint32, time.Time, error) {
+	select {
+	case <-p.exited:
+	case <-ctx.Done():
+		return 0, time.Time{}, ctx.Err()
+	}
+	_, _, st, at := p.snapshot()
+	return st, at, nil
+}
+
+// checkRunningLocked fails unless the task is running or paused.
+func (p *proc) checkRunningLocked(what string) error {
+	switch p.status {
+	case task.Status_RUNNING, task.Status_PAUSED:
+		return nil
+	case task.Status_STOPPED:
+		return fmt.Errorf("%s %s: process already finished: %w", what, p.id, errdefs.ErrNotFound)
+	}
+	return fmt.Errorf("%s %s: task is %s: %w", what, p.id, p.status, errdefs.ErrFailedPrecondition)
+}

@@ -1,0 +1,197 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	eventstypes "github.com/containerd/containerd/api/events"
+	"github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/containerd/protobuf"
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+// sandboxTask is the pod's sandbox ("pause") container. No VM runs for
+// it: the shim records the pod's network namespace and metadata, and its
+// pid is the shim's own, a live host pid as CRI needs.
+type sandboxTask struct {
+	proc
+	rec     taskRecord
+	layout  layout
+	netns   string
+	publish func(any)
+}
+
+func createSandboxTask(l layout, r createRequest, ident vmIdentity, publish func(any)) (*sandboxTask, error) {
+	t := &sandboxTask{
+		proc:    newProc(r.id, r.bundle, r.stdio),
+		layout:  l,
+		netns:   netnsPath(r.spec),
+		publish: publish,
+		rec: taskRecord{
+			Kind: kindSandbox, ID: r.id, Namespace: ident.Namespace,
+			StateDir: l.root, PodUID: ident.PodUID, Pid: os.Getpid(),
+		},
+	}
+	if err := writeRecord(r.bundle, &t.rec); err != nil {
+		return nil, fmt.Errorf("write task record: %w", err)
+	}
+	if t.rec.PodUID != "" {
+		if err := writeMarker(l.sandboxMarker(t.rec.PodUID, r.id)); err != nil {
+			_ = removeRecord(r.bundle)
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+func netnsPath(spec *specs.Spec) string {
+	if spec.Linux == nil {
+		return ""
+	}
+	for _, ns := range spec.Linux.Namespaces {
+		if ns.Type == specs.NetworkNamespace {
+			return ns.Path
+		}
+	}
+	return ""
+}
+
+func (t *sandboxTask) start(ctx context.Context) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.status != task.Status_CREATED {
+		return 0, fmt.Errorf("start %s: task is %s: %w", t.id, t.status, errdefs.ErrFailedPrecondition)
+	}
+	t.pid, t.status = os.Getpid(), task.Status_RUNNING
+	log.G(ctx).WithField("sandbox", t.id).WithField("netns", t.netns).Info("sandbox started")
+	return t.pid, nil
+}
+
+// kill ends the sandbox as a pause process would: 0 for SIGTERM or
+// SIGINT, 128+signal otherwise.
+func (t *sandboxTask) kill(ctx context.Context, sig uint32) error {
+	t.mu.Lock()
+	if t.status == task.Status_STOPPED {
+		t.mu.Unlock()
+		return fmt.Errorf("kill %s: process already finished: %w", t.id, errdefs.ErrNotFound)
+	}
+	status := 128 + sig
+	if s := unix.Signal(sig); s == unix.SIGTERM || s == unix.SIGINT {
+		status = 0
+	}
+	t.setExitedLocked(status)
+	pid, at := t.pid, t.exitedAt
+	t.mu.Unlock()
+	t.publish(&eventstypes.TaskExit{ContainerID: t.id, ID: t.id, Pid: uint32(pid), ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)})
+	return nil
+}
+
+func (t *sandboxTask) pause(context.Context) error {
+	return fmt.Errorf("pause sandbox %s: %w", t.id, errdefs.ErrNotImplemented)
+}
+
+func (t *sandboxTask) resume(context.Context) error {
+	return fmt.Errorf("resume sandbox %s: %w", t.id, errdefs.ErrNotImplemented)
+}
+
+// delete drops this sandbox's marker and, when no other live sandbox of
+// the pod remains and no VM of the pod is left in this shim, the pod's
+// data: the pod is gone.
+func (t *sandboxTask) delete(ctx context.Context, podBusy bool) error {
+	t.mu.Lock()
+	if t.status == task.Status_RUNNING {
+		t.mu.Unlock()
+		return fmt.Errorf("delete %s: task is running; kill it first: %w", t.id, errdefs.ErrFailedPrecondition)
+	}
+	t.setExitedLocked(t.exitStatus)
+	t.mu.Unlock()
+	if err := releaseSandbox(ctx, t.layout, &t.rec, !podBusy); err != nil {
+		return err
+	}
+	return removeRecord(t.bundle)
+}
+
+// releaseSandbox removes the sandbox's marker. With removePod it also
+// removes the pod's data if no other live sandbox of the pod is left. The
+// cleanup `delete` after a shim died never removes pod data: after a node
+// reboot the pod's new sandbox must find its VMs' disks.
+func releaseSandbox(ctx context.Context, l layout, rec *taskRecord, removePod bool) error {
+	if rec.PodUID == "" {
+		return nil
+	}
+	if err := os.Remove(l.sandboxMarker(rec.PodUID, rec.ID)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove sandbox marker: %w", err)
+	}
+	if !removePod {
+		return nil
+	}
+	markers, _ := filepath.Glob(filepath.Join(l.podDir(rec.PodUID), "sandboxes", "*"))
+	for _, m := range markers {
+		if markerAlive(m) {
+			return nil
+		}
+		_ = os.Remove(m) // left by a sandbox whose shim is gone
+	}
+	log.G(ctx).WithField("pod", rec.PodUID).Info("last sandbox of the pod deleted; removing the pod's VM data")
+	return os.RemoveAll(l.podDir(rec.PodUID))
+}
+
+// A marker names the shim process that owns the sandbox, by pid and start
+// time, so a marker left by a dead shim is recognised even if the pid was
+// reused.
+type marker struct {
+	Pid       int    `json:"pid"`
+	StartTime uint64 `json:"startTime"`
+}
+
+func writeMarker(path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return fmt.Errorf("create sandbox marker dir: %w", err)
+	}
+	st, err := processStartTime(os.Getpid())
+	if err != nil {
+		return err
+	}
+	b, _ := json.Marshal(marker{Pid: os.Getpid(), StartTime: st})
+	if err := writeFileAtomic(path, b, 0o600); err != nil {
+		return fmt.Errorf("write sandbox marker: %w", err)
+	}
+	return nil
+}
+
+func markerAlive(path string) bool {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return false
+	}
+	var m marker
+	if json.Unmarshal(b, &m) != nil {
+		return false
+	}
+	st, err := processStartTime(m.Pid)
+	return err == nil && st == m.StartTime
+}
+
+// processStartTime reads field 22 of /proc/<pid>/stat.
+func processStartTime(pid int) (uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may hold spaces; fields restart after ')'.
+	s := string(b)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(fields) < 20 {
+		return 0, fmt.Errorf("short /proc/%d/stat", pid)
+	}
+	return strconv.ParseUint(fields[19], 10, 64)
+}

@@ -1,0 +1,443 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+
+	eventstypes "github.com/containerd/containerd/api/events"
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v2"
+	"github.com/containerd/containerd/api/types"
+	apitask "github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/containerd/mount"
+	"github.com/containerd/containerd/namespaces"
+	"github.com/containerd/containerd/pkg/shutdown"
+	"github.com/containerd/containerd/protobuf"
+	ptypes "github.com/containerd/containerd/protobuf/types"
+	"github.com/containerd/containerd/runtime/v2/shim"
+	"github.com/containerd/ttrpc"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
+)
+
+// CRI's annotations on the OCI spec that the shim reads.
+const (
+	annContainerType = "io.kubernetes.cri.container-type"
+	annSandboxID     = "io.kubernetes.cri.sandbox-id"
+	annSandboxName   = "io.kubernetes.cri.sandbox-name"
+	annSandboxNS     = "io.kubernetes.cri.sandbox-namespace"
+	annSandboxUID    = "io.kubernetes.cri.sandbox-uid"
+	annContainerName = "io.kubernetes.cri.container-name"
+)
+
+// taskRunner is what the service needs of a sandbox or VM task.
+type taskRunner interface {
+	base() *proc
+	start(context.Context) (int, error)
+	kill(context.Context, uint32) error
+	pause(context.Context) error
+	resume(context.Context) error
+}
+
+func (p *proc) base() *proc { return p }
+
+var (
+	_ taskRunner          = (*vmTask)(nil)
+	_ taskRunner          = (*sandboxTask)(nil)
+	_ taskAPI.TaskService = (*service)(nil)
+)
+
+// service is the task API of one shim. Each method finds the task and
+// delegates; errors become gRPC codes in the interceptor, once.
+type service struct {
+	shutdown shutdown.Service
+	events   *eventQueue
+	kvm      vm.KVMInfo // detected once at start
+
+	createMu sync.Mutex // one Create at a time
+
+	mu    sync.Mutex
+	tasks map[string]taskRunner // guarded by mu
+	cfg   *Config               // guarded by mu; loaded at the first Create
+	host  *host                 // guarded by mu; made at the first VM Create
+}
+
+func newService(ctx context.Context, publisher shim.Publisher, sd shutdown.Service) (*service, error) {
+	s := &service{
+		shutdown: sd,
+		events:   newEventQueue(ctx, publisher),
+		kvm:      vm.DetectKVM(),
+		tasks:    make(map[string]taskRunner),
+	}
+	sd.RegisterCallback(func(context.Context) error {
+		s.events.close()
+		return nil
+	})
+	if address, err := shim.ReadAddress("address"); err == nil {
+		sd.RegisterCallback(func(context.Context) error { return shim.RemoveSocket(address) })
+	}
+	return s, nil
+}
+
+// RegisterTTRPC makes the service a ttrpc plugin of the shim library.
+func (s *service) RegisterTTRPC(server *ttrpc.Server) error {
+	taskAPI.RegisterTaskService(server, s)
+	return nil
+}
+
+// UnaryInterceptor turns errors into gRPC status codes at the boundary.
+func (s *service) UnaryInterceptor() ttrpc.UnaryServerInterceptor {
+	return func(ctx context.Context, unmarshal ttrpc.Unmarshaler, info *ttrpc.UnaryServerInfo, method ttrpc.Method) (interface{}, error) {
+		resp, err := method(ctx, unmarshal)
+		return resp, errdefs.ToGRPC(err)
+	}
+}
+
+func (s *service) get(id, execID string) (taskRunner, error) {
+	if execID != "" {
+		return nil, fmt.Errorf("exec processes are not supported yet: %w", errdefs.ErrNotImplemented)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.tasks[id]
+	if !ok {
+		return nil, fmt.Errorf("task %s: %w", id, errdefs.ErrNotFound)
+	}
+	return t, nil
+}
+
+func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*taskAPI.CreateTaskResponse, error) {
+	s.createMu.Lock()
+	defer s.createMu.Unlock()
+	if _, err := s.get(r.ID, ""); err == nil {
+		return nil, fmt.Errorf("task %s: %w", r.ID, errdefs.ErrAlreadyExists)
+	}
+	if r.Checkpoint != "" || r.ParentCheckpoint != "" {
+		return nil, fmt.Errorf("restoring a VM from a checkpoint: %w", errdefs.ErrNotImplemented)
+	}
+	spec, err := readSpec(r.Bundle)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := s.config(r.Options)
+	if err != nil {
+		return nil, err
+	}
+	req := createRequest{
+		id: r.ID, bundle: r.Bundle, spec: spec, rootfs: mounts(r.Rootfs),
+		stdio: stdio{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
+	}
+	ident := identity(ctx, r.ID, spec)
+	var t taskRunner
+	if spec.Annotations[annContainerType] == "sandbox" {
+		t, err = createSandboxTask(layout{root: cfg.StateDir}, req, ident, s.events.send)
+	} else {
+		var h *host
+		if h, err = s.vmHost(ctx, cfg); err == nil {
+			t, err = createVMTask(ctx, h, req, ident, s.events.send)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.tasks[r.ID] = t
+	s.mu.Unlock()
+	s.events.send(&eventstypes.TaskCreate{
+		ContainerID: r.ID, Bundle: r.Bundle, Rootfs: r.Rootfs,
+		IO: &eventstypes.TaskIO{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
+	})
+	return &taskAPI.CreateTaskResponse{}, nil
+}
+
+func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.StartResponse, error) {
+	t, err := s.get(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	pid, err := t.start(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.events.send(&eventstypes.TaskStart{ContainerID: r.ID, Pid: uint32(pid)})
+	if v, ok := t.(*vmTask); ok {
+		v.resync(ctx) // an exit during Start had no running task to land on
+	}
+	return &taskAPI.StartResponse{Pid: uint32(pid)}, nil
+}
+
+func (s *service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.StateResponse, error) {
+	t, err := s.get(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	p := t.base()
+	status, pid, exitStatus, exitedAt := p.snapshot()
+	return &taskAPI.StateResponse{
+		ID: p.id, Bundle: p.bundle, Pid: uint32(pid), Status: status,
+		Stdin: p.stdio.Stdin, Stdout: p.stdio.Stdout, Stderr: p.stdio.Stderr, Terminal: p.stdio.Terminal,
+		ExitStatus: exitStatus, ExitedAt: protobuf.ToTimestamp(exitedAt),
+	}, nil
+}
+
+func (s *service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*ptypes.Empty, error) {
+	t, err := s.get(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	return &ptypes.Empty{}, t.kill(ctx, r.Signal)
+}
+
+func (s *service) Wait(ctx context.Context, r *taskAPI.WaitRequest) (*taskAPI.WaitResponse, error) {
+	t, err := s.get(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	status, at, err := t.base().wait(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &taskAPI.WaitResponse{ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)}, nil
+}
+
+func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
+	t, err := s.get(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	switch t := t.(type) {
+	case *vmTask:
+		err = t.delete(ctx)
+	case *sandboxTask:
+		err = t.delete(ctx, s.podHasVMs(t.rec.PodUID))
+	}
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	delete(s.tasks, r.ID)
+	s.mu.Unlock()
+	_, pid, status, at := t.base().snapshot()
+	s.events.send(&eventstypes.TaskDelete{ContainerID: r.ID, ID: r.ID, Pid: uint32(pid), ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)})
+	return &taskAPI.DeleteResponse{Pid: uint32(pid), ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)}, nil
+}
+
+func (s *service) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.PidsResponse, error) {
+	t, err := s.get(r.ID, "")
+	if err != nil {
+		return nil, err
+	}
+	resp := &taskAPI.PidsResponse{}
+	if status, pid, _, _ := t.base().snapshot(); status == apitask.Status_RUNNING || status == apitask.Status_PAUSED {
+		resp.Processes = append(resp.Processes, &apitask.ProcessInfo{Pid: uint32(pid)})
+	}
+	return resp, nil
+}
+
+func (s *service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.Empty, error) {
+	t, err := s.get(r.ID, "")
+	if err != nil {
+		return nil, err
+	}
+	if err := t.pause(ctx); err != nil {
+		return nil, err
+	}
+	s.events.send(&eventstypes.TaskPaused{ContainerID: r.ID})
+	return &ptypes.Empty{}, nil
+}
+
+func (s *service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes.Empty, error) {
+	t, err := s.get(r.ID, "")
+	if err != nil {
+		return nil, err
+	}
+	if err := t.resume(ctx); err != nil {
+		return nil, err
+	}
+	s.events.send(&eventstypes.TaskResumed{ContainerID: r.ID})
+	return &ptypes.Empty{}, nil
+}
+
+func (s *service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.StatsResponse, error) {
+	t, err := s.get(r.ID, "")
+	if err != nil {
+		return nil, err
+	}
+	var st vm.Stats
+	if v, ok := t.(*vmTask); ok {
+		if st, err = v.stats(ctx); err != nil {
+			return nil, err
+		}
+	}
+	any, err := metrics(st)
+	if err != nil {
+		return nil, err
+	}
+	return &taskAPI.StatsResponse{Stats: any}, nil
+}
+
+func (s *service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*taskAPI.ConnectResponse, error) {
+	t, err := s.get(r.ID, "")
+	if err != nil {
+		return nil, err
+	}
+	_, pid, _, _ := t.base().snapshot()
+	return &taskAPI.ConnectResponse{ShimPid: uint32(os.Getpid()), TaskPid: uint32(pid)}, nil
+}
+
+// Shutdown ends the shim once no task is left in it.
+func (s *service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*ptypes.Empty, error) {
+	s.mu.Lock()
+	if len(s.tasks) > 0 {
+		s.mu.Unlock()
+		return &ptypes.Empty{}, nil
+	}
+	h := s.host
+	s.host = nil
+	s.mu.Unlock()
+	if h != nil {
+		_ = h.conn.Close()
+	}
+	s.shutdown.Shutdown()
+	return &ptypes.Empty{}, nil
+}
+
+func (s *service) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*ptypes.Empty, error) {
+	if _, err := s.get(r.ID, r.ExecID); err != nil {
+		return nil, err
+	}
+	return &ptypes.Empty{}, nil // the guest's console has no end-of-input
+}
+
+func (s *service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*ptypes.Empty, error) {
+	return nil, fmt.Errorf("exec into a VM task is not supported yet: %w", errdefs.ErrNotImplemented)
+}
+
+func (s *service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*ptypes.Empty, error) {
+	return nil, fmt.Errorf("resizing a VM's serial console is not supported yet: %w", errdefs.ErrNotImplemented)
+}
+
+func (s *service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*ptypes.Empty, error) {
+	return nil, fmt.Errorf("updating the resources of a running VM is not supported yet: %w", errdefs.ErrNotImplemented)
+}
+
+func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (*ptypes.Empty, error) {
+	return nil, fmt.Errorf("checkpointing a VM is not supported yet: %w", errdefs.ErrNotImplemented)
+}
+
+// config loads the shim config at the first Create; later Creates reuse it.
+func (s *service) config(options *anypb.Any) (*Config, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cfg != nil {
+		return s.cfg, nil
+	}
+	path, err := configPath(options)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := LoadConfig(path)
+	if err != nil {
+		return nil, err
+	}
+	s.cfg = &cfg
+	return s.cfg, nil
+}
+
+// vmHost connects to libvirt at the first VM Create and starts following
+// its lifecycle events.
+func (s *service) vmHost(ctx context.Context, cfg *Config) (*host, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.host != nil {
+		return s.host, nil
+	}
+	h, err := newHost(ctx, *cfg, s.kvm)
+	if err != nil {
+		return nil, err
+	}
+	s.host = h
+	go s.followEvents(context.WithoutCancel(ctx), h)
+	return h, nil
+}
+
+// followEvents routes libvirt lifecycle events to the VM tasks.
+func (s *service) followEvents(ctx context.Context, h *host) {
+	for ev := range h.conn.Events() {
+		switch ev.Kind {
+		case vm.EventStopped:
+			for _, t := range s.vmTasks(ev.Domain) {
+				go t.onStopped(ctx, ev.Reason)
+			}
+		case vm.EventReconnected:
+			for _, t := range s.vmTasks("") {
+				go t.resync(ctx)
+			}
+		}
+	}
+}
+
+// vmTasks returns the VM tasks of a domain, or all with domain "". A
+// restarted container's old task may still share its domain name.
+func (s *service) vmTasks(domain string) []*vmTask {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*vmTask
+	for _, t := range s.tasks {
+		if v, ok := t.(*vmTask); ok && (domain == "" || v.rec.Domain == domain) {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+func (s *service) podHasVMs(podUID string) bool {
+	if podUID == "" {
+		return false
+	}
+	for _, t := range s.vmTasks("") {
+		if t.rec.PodUID == podUID {
+			return true
+		}
+	}
+	return false
+}
+
+func readSpec(bundle string) (*specs.Spec, error) {
+	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return nil, fmt.Errorf("read OCI spec: %w", err)
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(b, &spec); err != nil {
+		return nil, fmt.Errorf("parse OCI spec %s: %v: %w", filepath.Join(bundle, "config.json"), err, errdefs.ErrInvalidArgument)
+	}
+	if spec.Annotations == nil {
+		spec.Annotations = map[string]string{}
+	}
+	return &spec, nil
+}
+
+func identity(ctx context.Context, id string, spec *specs.Spec) vmIdentity {
+	ns, _ := namespaces.Namespace(ctx)
+	a := spec.Annotations
+	return vmIdentity{
+		Namespace: ns, ContainerID: id, SandboxID: a[annSandboxID],
+		PodUID: a[annSandboxUID], PodName: a[annSandboxName], PodNamespace: a[annSandboxNS],
+		ContainerName: a[annContainerName],
+	}
+}
+
+func mounts(in []*types.Mount) []mount.Mount {
+	out := make([]mount.Mount, 0, len(in))
+	for _, m := range in {
+		out = append(out, mount.Mount{Type: m.Type, Source: m.Source, Options: m.Options})
+	}
+	return out
+}

@@ -1,0 +1,123 @@
+package shim
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/containerd/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// Annotations a pod or container may set (through CRI they pass only when
+// the runtime handler lists them in pod_annotations/container_annotations).
+const (
+	// AnnotationVCPUs overrides the vCPU count: a whole number.
+	AnnotationVCPUs = "kvm.containerd.io/vcpus"
+	// AnnotationMemory overrides guest memory: a Kubernetes-style size
+	// such as 512Mi, 2Gi or 1073741824 (bytes), rounded up to whole MiB.
+	AnnotationMemory = "kvm.containerd.io/memory"
+	// AnnotationKernelCmdline replaces the kernel command line of a direct
+	// kernel boot image.
+	AnnotationKernelCmdline = "kvm.containerd.io/kernel-cmdline"
+)
+
+const (
+	minMemoryMiB     = 64
+	maxKernelCmdline = 2048 // x86 COMMAND_LINE_SIZE
+	mib              = 1 << 20
+)
+
+// vmSize picks vCPUs and memory: an annotation wins, else the OCI spec's
+// CPU quota/period and memory limit (as kubelet sets them from the
+// container's limits), else the config's defaults.
+func vmSize(spec *specs.Spec, cfg Config) (vcpus, memoryMiB int, err error) {
+	vcpus, memoryMiB = cfg.DefaultVCPUs, cfg.DefaultMemoryMiB
+	if r := resources(spec); r != nil {
+		if c := r.CPU; c != nil && c.Quota != nil && *c.Quota > 0 && c.Period != nil && *c.Period > 0 {
+			q, p := uint64(*c.Quota), *c.Period
+			vcpus = int((q + p - 1) / p)
+			if vcpus > cfg.MaxVCPUs {
+				return 0, 0, fmt.Errorf("linux.resources.cpu quota %d/period %d asks for %d vCPUs, more than max_vcpus %d: %w", q, p, vcpus, cfg.MaxVCPUs, errdefs.ErrInvalidArgument)
+			}
+		}
+		if m := r.Memory; m != nil && m.Limit != nil && *m.Limit > 0 {
+			memoryMiB = int((*m.Limit + mib - 1) / mib)
+			if err := checkMemory(memoryMiB, cfg, "linux.resources.memory.limit"); err != nil {
+				return 0, 0, err
+			}
+		}
+	}
+	if v, ok := spec.Annotations[AnnotationVCPUs]; ok {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || n < 1 || n > cfg.MaxVCPUs {
+			return 0, 0, fmt.Errorf("annotation %s = %q: want a whole number from 1 to %d: %w", AnnotationVCPUs, v, cfg.MaxVCPUs, errdefs.ErrInvalidArgument)
+		}
+		vcpus = n
+	}
+	if v, ok := spec.Annotations[AnnotationMemory]; ok {
+		b, err := parseSize(v)
+		if err != nil {
+			return 0, 0, fmt.Errorf("annotation %s = %q: %v: %w", AnnotationMemory, v, err, errdefs.ErrInvalidArgument)
+		}
+		memoryMiB = int((b + mib - 1) / mib)
+		if err := checkMemory(memoryMiB, cfg, "annotation "+AnnotationMemory); err != nil {
+			return 0, 0, err
+		}
+	}
+	return vcpus, memoryMiB, nil
+}
+
+func resources(spec *specs.Spec) *specs.LinuxResources {
+	if spec.Linux == nil {
+		return nil
+	}
+	return spec.Linux.Resources
+}
+
+func checkMemory(m int, cfg Config, source string) error {
+	if m < minMemoryMiB || m > cfg.MaxMemoryMiB {
+		return fmt.Errorf("%s gives %d MiB of guest memory; want %d to %d MiB: %w", source, m, minMemoryMiB, cfg.MaxMemoryMiB, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+var sizeSuffixes = []struct {
+	suffix string
+	factor int64
+}{
+	{"Ki", 1 << 10}, {"Mi", 1 << 20}, {"Gi", 1 << 30}, {"Ti", 1 << 40},
+	{"k", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12},
+}
+
+// parseSize reads a whole-number size with an optional Kubernetes suffix.
+func parseSize(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	factor := int64(1)
+	for _, u := range sizeSuffixes {
+		if strings.HasSuffix(s, u.suffix) {
+			s, factor = strings.TrimSuffix(s, u.suffix), u.factor
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("want a size such as 512Mi, 2Gi or a number of bytes")
+	}
+	if n > (1<<62)/factor {
+		return 0, fmt.Errorf("size is too large")
+	}
+	return n * factor, nil
+}
+
+// kernelCmdline returns the command line for a direct kernel boot.
+func kernelCmdline(spec *specs.Spec, cfg Config) (string, error) {
+	v, ok := spec.Annotations[AnnotationKernelCmdline]
+	if !ok {
+		return cfg.KernelCmdline, nil
+	}
+	if len(v) > maxKernelCmdline || strings.ContainsAny(v, "\x00\n\r") {
+		return "", fmt.Errorf("annotation %s: want one line of at most %d bytes: %w", AnnotationKernelCmdline, maxKernelCmdline, errdefs.ErrInvalidArgument)
+	}
+	return v, nil
+}

@@ -1,0 +1,104 @@
+package shim
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/containerd/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+func specWith(quota int64, period uint64, limit int64, ann map[string]string) *specs.Spec {
+	s := &specs.Spec{Annotations: ann, Linux: &specs.Linux{Resources: &specs.LinuxResources{}}}
+	if period > 0 {
+		s.Linux.Resources.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
+	}
+	if limit > 0 {
+		s.Linux.Resources.Memory = &specs.LinuxMemory{Limit: &limit}
+	}
+	return s
+}
+
+func TestVMSize(t *testing.T) {
+	cfg := DefaultConfig()
+	cases := []struct {
+		name       string
+		spec       *specs.Spec
+		vcpus, mem int
+		errWants   string
+	}{
+		{"defaults", &specs.Spec{}, 1, 512, ""},
+		{"limits", specWith(250000, 100000, 1<<30, nil), 3, 1024, ""},
+		{"memory rounds up", specWith(0, 0, 100*mib+1, nil), 1, 101, ""},
+		{"annotations win", specWith(100000, 100000, 1<<30, map[string]string{AnnotationVCPUs: "4", AnnotationMemory: "2Gi"}), 4, 2048, ""},
+		{"decimal suffix", specWith(0, 0, 0, map[string]string{AnnotationMemory: "1G"}), 1, 954, ""},
+		{"bytes", specWith(0, 0, 0, map[string]string{AnnotationMemory: "268435456"}), 1, 256, ""},
+		{"bad memory", specWith(0, 0, 0, map[string]string{AnnotationMemory: "lots"}), 0, 0, AnnotationMemory},
+		{"negative memory", specWith(0, 0, 0, map[string]string{AnnotationMemory: "-1Gi"}), 0, 0, AnnotationMemory},
+		{"tiny memory", specWith(0, 0, 0, map[string]string{AnnotationMemory: "1Mi"}), 0, 0, AnnotationMemory},
+		{"overflow", specWith(0, 0, 0, map[string]string{AnnotationMemory: "9999999999999Ti"}), 0, 0, AnnotationMemory},
+		{"bad vcpus", specWith(0, 0, 0, map[string]string{AnnotationVCPUs: "two"}), 0, 0, AnnotationVCPUs},
+		{"zero vcpus", specWith(0, 0, 0, map[string]string{AnnotationVCPUs: "0"}), 0, 0, AnnotationVCPUs},
+		{"too many vcpus", specWith(0, 0, 0, map[string]string{AnnotationVCPUs: "65"}), 0, 0, AnnotationVCPUs},
+		{"limit too small", specWith(0, 0, 32*mib, nil), 0, 0, "linux.resources.memory.limit"},
+		{"quota too large", specWith(100*100000, 100000, 0, nil), 0, 0, "max_vcpus"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			v, m, err := vmSize(tc.spec, cfg)
+			if tc.errWants != "" {
+				if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), tc.errWants) {
+					t.Fatalf("want InvalidArgument naming %q, got %v", tc.errWants, err)
+				}
+				return
+			}
+			if err != nil || v != tc.vcpus || m != tc.mem {
+				t.Fatalf("got %d vCPUs, %d MiB, %v; want %d, %d", v, m, err, tc.vcpus, tc.mem)
+			}
+		})
+	}
+}
+
+func TestKernelCmdline(t *testing.T) {
+	cfg := DefaultConfig()
+	if got, _ := kernelCmdline(&specs.Spec{}, cfg); got != cfg.KernelCmdline {
+		t.Errorf("default: %q", got)
+	}
+	s := &specs.Spec{Annotations: map[string]string{AnnotationKernelCmdline: "console=ttyS0 quiet"}}
+	if got, _ := kernelCmdline(s, cfg); got != "console=ttyS0 quiet" {
+		t.Errorf("annotation: %q", got)
+	}
+	s.Annotations[AnnotationKernelCmdline] = "a\nb"
+	if _, err := kernelCmdline(s, cfg); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("newline accepted: %v", err)
+	}
+}
+
+func TestLoadConfig(t *testing.T) {
+	dir := t.TempDir()
+	write := func(body string) string {
+		p := dir + "/c.toml"
+		if err := writeFileAtomic(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	cfg, err := LoadConfig(write("accel = \"tcg\"\nstate_dir = \"/srv/kvm\"\ndefault_memory_mib = 256\n"))
+	if err != nil || cfg.Accel != "tcg" || cfg.StateDir != "/srv/kvm" || cfg.DefaultMemoryMiB != 256 || cfg.Machine != "q35" {
+		t.Fatalf("got %+v, %v", cfg, err)
+	}
+	for body, want := range map[string]string{
+		"acel = \"tcg\"\n":           "acel",
+		"accel = \"hvf\"\n":          "hvf",
+		"state_dir = \"relative\"\n": "state_dir",
+		"default_vcpus = 0\n":        "default_vcpus",
+		"accel = \n":                 "c.toml",
+	} {
+		if _, err := LoadConfig(write(body)); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: want InvalidArgument naming %q, got %v", body, want, err)
+		}
+	}
+	if _, err := LoadConfig(dir + "/missing.toml"); err == nil {
+		t.Error("a missing explicit config was accepted")
+	}
+}

@@ -1,0 +1,104 @@
+package shim
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// recordFile is the shim's record of one task, kept in the task's bundle.
+const recordFile = "kvm-task.json"
+
+// Kinds of task.
+const (
+	kindSandbox = "sandbox"
+	kindVM      = "vm"
+)
+
+// taskRecord is everything the shim made for one task. It is written
+// before the first side effect is left in place, so that the cleanup
+// `delete` run by containerd after a shim died, or a new shim, can undo or
+// adopt exactly what belongs to this task and nothing else.
+type taskRecord struct {
+	Kind          string `json:"kind"`
+	ID            string `json:"id"`
+	Namespace     string `json:"namespace"`
+	StateDir      string `json:"stateDir"`
+	LibvirtSocket string `json:"libvirtSocket"`
+	Pid           int    `json:"pid,omitempty"`
+
+	// VM tasks.
+	Domain  string `json:"domain,omitempty"`
+	VMDir   string `json:"vmDir,omitempty"`
+	Overlay string `json:"overlay,omitempty"`
+	// KeepOverlay: the overlay is per-pod data and outlives the task.
+	KeepOverlay bool `json:"keepOverlay,omitempty"`
+
+	// Pod membership (sandbox and VM tasks of a CRI pod).
+	PodUID string `json:"podUID,omitempty"`
+}
+
+func writeRecord(bundle string, r *taskRecord) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(filepath.Join(bundle, recordFile), b, 0o600)
+}
+
+// readRecord returns the task's record, or nil when the shim never wrote
+// one (it died before its first side effect).
+func readRecord(bundle string) (*taskRecord, error) {
+	b, err := os.ReadFile(filepath.Join(bundle, recordFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var r taskRecord
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("parse %s: %w", filepath.Join(bundle, recordFile), err)
+	}
+	return &r, nil
+}
+
+func removeRecord(bundle string) error {
+	if err := os.Remove(filepath.Join(bundle, recordFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// writeFileAtomic writes data to path by write-temp, fsync, rename, so a
+// reader sees the old content or the new, never a torn file.
+func writeFileAtomic(path string, data []byte, perm os.FileMode) (retErr error) {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if retErr != nil {
+			_ = os.Remove(f.Name())
+		}
+	}()
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Chmod(perm); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), path)
+}

@@ -1,0 +1,450 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	eventstypes "github.com/containerd/containerd/api/events"
+	"github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/containerd/mount"
+	"github.com/containerd/containerd/protobuf"
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
+)
+
+// vmTask is a container that runs as a libvirt domain. Its pid is QEMU's.
+type vmTask struct {
+	proc
+	h       *host
+	rec     taskRecord
+	publish func(any)
+
+	console *console // guarded by mu
+}
+
+// createRequest is the part of a task create the VM needs.
+type createRequest struct {
+	id, bundle string
+	rootfs     []mount.Mount
+	stdio      stdio
+	spec       *specs.Spec
+}
+
+// createVMTask validates the request, then prepares and defines the
+// domain. Each step's undo is registered as soon as the step succeeds, so a
+// failure leaves no mount, file or domain behind.
+func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentity, publish func(any)) (_ *vmTask, retErr error) {
+	// Input checks first: nothing is created for a request that is wrong.
+	vcpus, memMiB, err := vmSize(r.spec, h.cfg)
+	if err != nil {
+		return nil, err
+	}
+	cmdline, err := kernelCmdline(r.spec, h.cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkStdio(r.stdio); err != nil {
+		return nil, err
+	}
+	name := ident.DomainName()
+	if err := takeOverDomainName(h.conn, name, ident.ContainerID); err != nil {
+		return nil, err
+	}
+
+	var undo rollback
+	defer func() {
+		if retErr != nil {
+			undo.run()
+		}
+	}()
+
+	vmDir := h.layout.vmDir(ident.runtimeKey())
+	rec := taskRecord{
+		Kind: kindVM, ID: r.id, Namespace: ident.Namespace,
+		StateDir: h.cfg.StateDir, LibvirtSocket: h.cfg.LibvirtSocket,
+		Domain: name, VMDir: vmDir, PodUID: ident.PodUID,
+	}
+	if ident.inPod() {
+		rec.Overlay = filepath.Join(h.layout.podVMDir(ident.PodUID, ident.ContainerName), "overlay.qcow2")
+		rec.KeepOverlay = true
+	} else {
+		rec.Overlay = filepath.Join(vmDir, "overlay.qcow2")
+	}
+	// The record goes first: if this shim dies halfway, the cleanup
+	// `delete` finds every piece from it.
+	if err := writeRecord(r.bundle, &rec); err != nil {
+		return nil, fmt.Errorf("write task record: %w", err)
+	}
+	undo.add(func() { _ = removeRecord(r.bundle) })
+
+	rootfs := filepath.Join(r.bundle, "rootfs")
+	if len(r.rootfs) > 0 {
+		if err := os.MkdirAll(rootfs, 0o711); err != nil {
+			return nil, fmt.Errorf("create rootfs mount point: %w", err)
+		}
+		if err := mount.All(r.rootfs, rootfs); err != nil {
+			return nil, fmt.Errorf("mount container rootfs: %w", err)
+		}
+		undo.add(func() { _ = mount.UnmountAll(rootfs, unix.MNT_DETACH) })
+	}
+	src, err := vm.FindBootSource(rootfs)
+	if err != nil {
+		return nil, err
+	}
+
+	if err := os.MkdirAll(vmDir, 0o711); err != nil {
+		return nil, fmt.Errorf("create VM dir: %w", err)
+	}
+	undo.add(func() { _ = os.RemoveAll(vmDir) })
+
+	spec := vm.Spec{
+		Name: name, UUID: ident.UUID(),
+		VCPUs: vcpus, MemoryMiB: memMiB,
+		Accel: h.accel, Emulator: h.cfg.QEMUBinary, Machine: h.cfg.Machine,
+		Console: vm.Console{Socket: filepath.Join(vmDir, "console.sock"), Log: filepath.Join(vmDir, "console.log")},
+		Meta: vm.Metadata{
+			SandboxID: ident.SandboxID, ContainerID: r.id, Namespace: ident.Namespace,
+			PodUID: ident.PodUID, PodName: ident.PodName, PodNamespace: ident.PodNamespace,
+			ContainerName: ident.ContainerName, StateDir: vmDir,
+		},
+	}
+	if src.Disk != "" {
+		disk, err := prepareDisk(ctx, h, rootfs, src.Disk, vmDir, rec.Overlay, &undo)
+		if err != nil {
+			return nil, err
+		}
+		spec.Disk = disk
+	} else {
+		kernel, err := prepareKernel(rootfs, src, vmDir, cmdline)
+		if err != nil {
+			return nil, err
+		}
+		spec.Kernel = kernel
+	}
+
+	domainXML, err := vm.Render(&spec)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.conn.Define(domainXML); err != nil {
+		return nil, err
+	}
+	undo.add(func() { _ = h.conn.Undefine(name) })
+
+	log.G(ctx).WithField("vm", name).WithField("accel", h.accel).
+		WithField("vcpus", vcpus).WithField("memoryMiB", memMiB).Info("defined VM")
+	return &vmTask{proc: newProc(r.id, r.bundle, r.stdio), h: h, rec: rec, publish: publish}, nil
+}
+
+// takeOverDomainName makes sure name is free for container id: a stopped
+// domain left by an earlier container of the same identity is undefined; a
+// running one is a conflict.
+func takeOverDomainName(conn *vm.Conn, name, id string) error {
+	st, err := conn.State(name)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if st.Running {
+		owner := "another container"
+		if m, err := conn.Metadata(name); err == nil {
+			owner = "container " + m.ContainerID
+		}
+		return fmt.Errorf("VM %s for container %s is still running for %s: %w", name, id, owner, errdefs.ErrAlreadyExists)
+	}
+	return conn.Undefine(name)
+}
+
+// prepareDisk bind-mounts the image read-only into the VM dir, checks it
+// with qemu-img, and makes (or keeps) the qcow2 overlay the VM writes to.
+func prepareDisk(ctx context.Context, h *host, rootfs, image, vmDir, overlay string, undo *rollback) (*vm.Disk, error) {
+	f, err := vm.OpenInRootfs(rootfs, image)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	base := filepath.Join(vmDir, "base"+strings.ToLower(filepath.Ext(image)))
+	if err := vm.MountReadOnly(f, base); err != nil {
+		return nil, err
+	}
+	undo.add(func() { _ = vm.Unmount(base) })
+	info, err := vm.ProbeImage(ctx, h.cfg.QEMUImg, base, image)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Dir(overlay), 0o711); err != nil {
+		return nil, fmt.Errorf("create overlay dir: %w", err)
+	}
+	created, err := vm.EnsureOverlay(ctx, h.cfg.QEMUImg, base, info.Format, overlay)
+	if err != nil {
+		return nil, err
+	}
+	if created {
+		undo.add(func() { _ = os.Remove(overlay) })
+	}
+	return &vm.Disk{Path: overlay, Format: "qcow2"}, nil
+}
+
+// prepareKernel copies the kernel and initrd out of the rootfs (they are
+// small) so libvirt's labelling never touches the image's files.
+func prepareKernel(rootfs string, src vm.BootSource, vmDir, cmdline string) (*vm.Kernel, error) {
+	k := &vm.Kernel{Path: filepath.Join(vmDir, "vmlinuz"), Cmdline: cmdline}
+	if err := copyFromRootfs(rootfs, src.Kernel, k.Path); err != nil {
+		return nil, err
+	}
+	if src.Initrd != "" {
+		k.Initrd = filepath.Join(vmDir, "initrd")
+		if err := copyFromRootfs(rootfs, src.Initrd, k.Initrd); err != nil {
+			return nil, err
+		}
+	}
+	return k, nil
+}
+
+func copyFromRootfs(rootfs, p, dst string) error {
+	f, err := vm.OpenInRootfs(rootfs, p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return vm.CopyFile(f, dst)
+}
+
+func (t *vmTask) start(ctx context.Context) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.status != task.Status_CREATED {
+		return 0, fmt.Errorf("start %s: task is %s: %w", t.id, t.status, errdefs.ErrFailedPrecondition)
+	}
+	in, out, err := openStdio(ctx, t.stdio)
+	if err != nil {
+		return 0, err
+	}
+	name := t.rec.Domain
+	// Start with vCPUs stopped and attach to the console first, so the
+	// first line the guest prints reaches stdout.
+	if err := t.h.conn.Start(name, true); err != nil {
+		closeAll(in, out)
+		return 0, err
+	}
+	c, err := attachConsole(ctx, filepath.Join(t.rec.VMDir, "console.sock"), in, out)
+	if err != nil {
+		_ = t.h.conn.Destroy(name)
+		closeAll(in, out)
+		return 0, err
+	}
+	pid, err := vm.PID(name)
+	if err == nil {
+		err = t.h.conn.Resume(name)
+	}
+	if err != nil {
+		_ = t.h.conn.Destroy(name)
+		c.close()
+		return 0, err
+	}
+	t.console, t.pid, t.status = c, pid, task.Status_RUNNING
+	t.rec.Pid = pid
+	if err := writeRecord(t.bundle, &t.rec); err != nil {
+		log.G(ctx).WithError(err).WithField("vm", name).Warn("update task record")
+	}
+	return pid, nil
+}
+
+func closeAll(cs ...interface{ Close() error }) {
+	for _, c := range cs {
+		if c != nil {
+			c.Close()
+		}
+	}
+}
+
+// resync reads the domain's state from libvirt and records an exit that
+// an event did not deliver (libvirtd was away, or the guest stopped while
+// Start was still running).
+func (t *vmTask) resync(ctx context.Context) {
+	st, err := t.h.conn.State(t.rec.Domain)
+	switch {
+	case errdefs.IsNotFound(err):
+		t.onStopped(ctx, vm.StopFailed)
+	case err != nil:
+		log.G(ctx).WithError(err).WithField("vm", t.rec.Domain).Warn("re-read VM state")
+	case !st.Running:
+		t.onStopped(ctx, st.Reason)
+	}
+}
+
+// onStopped records the exit of a running VM once and publishes it after
+// the console output is drained.
+func (t *vmTask) onStopped(ctx context.Context, reason vm.StopReason) {
+	t.mu.Lock()
+	if t.status != task.Status_RUNNING && t.status != task.Status_PAUSED {
+		t.mu.Unlock()
+		return
+	}
+	c := t.console
+	t.mu.Unlock()
+	if c != nil {
+		c.waitDrained(2 * time.Second)
+	}
+	t.mu.Lock()
+	published := t.setExitedLocked(reason.ExitStatus())
+	pid, status, at := t.pid, t.exitStatus, t.exitedAt
+	t.mu.Unlock()
+	if !published {
+		return
+	}
+	log.G(ctx).WithField("vm", t.rec.Domain).WithField("reason", reason).WithField("exitStatus", status).Info("VM stopped")
+	t.publish(&eventstypes.TaskExit{
+		ContainerID: t.id, ID: t.id, Pid: uint32(pid),
+		ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at),
+	})
+}
+
+func (t *vmTask) kill(ctx context.Context, sig uint32) error {
+	t.mu.Lock()
+	if t.status == task.Status_CREATED {
+		// Nothing runs yet: the task just ends, as a process would.
+		ok := t.setExitedLocked(128 + sig)
+		pid, at := t.pid, t.exitedAt
+		t.mu.Unlock()
+		if ok {
+			t.publish(&eventstypes.TaskExit{ContainerID: t.id, ID: t.id, Pid: uint32(pid), ExitStatus: 128 + sig, ExitedAt: protobuf.ToTimestamp(at)})
+		}
+		return nil
+	}
+	err := t.checkRunningLocked("kill")
+	t.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	switch unix.Signal(sig) {
+	case unix.SIGKILL:
+		err = t.h.conn.Destroy(t.rec.Domain)
+	case unix.SIGTERM, unix.SIGINT, unix.SIGPWR:
+		err = t.h.conn.Shutdown(t.rec.Domain)
+	default:
+		return fmt.Errorf("signal %d is not supported for a VM: SIGTERM, SIGINT or SIGPWR press the ACPI power button, SIGKILL destroys it: %w", sig, errdefs.ErrInvalidArgument)
+	}
+	if errdefs.IsFailedPrecondition(err) || errdefs.IsNotFound(err) {
+		// The domain stopped between our check and libvirt's.
+		t.resync(ctx)
+		return fmt.Errorf("kill %s: process already finished: %w", t.id, errdefs.ErrNotFound)
+	}
+	return err
+}
+
+func (t *vmTask) pause(ctx context.Context) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.status != task.Status_RUNNING {
+		return fmt.Errorf("pause %s: task is %s: %w", t.id, t.status, errdefs.ErrFailedPrecondition)
+	}
+	if err := t.h.conn.Suspend(t.rec.Domain); err != nil {
+		return err
+	}
+	t.status = task.Status_PAUSED
+	return nil
+}
+
+func (t *vmTask) resume(ctx context.Context) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.status != task.Status_PAUSED {
+		return fmt.Errorf("resume %s: task is %s: %w", t.id, t.status, errdefs.ErrFailedPrecondition)
+	}
+	if err := t.h.conn.Resume(t.rec.Domain); err != nil {
+		return err
+	}
+	t.status = task.Status_RUNNING
+	return nil
+}
+
+func (t *vmTask) stats(ctx context.Context) (vm.Stats, error) {
+	t.mu.Lock()
+	err := t.checkRunningLocked("stats")
+	t.mu.Unlock()
+	if err != nil {
+		return vm.Stats{}, err
+	}
+	return t.h.conn.Stats(t.rec.Domain)
+}
+
+// delete tears down everything the task made. A running VM must be killed
+// first, as with any task.
+func (t *vmTask) delete(ctx context.Context) error {
+	t.mu.Lock()
+	if t.status == task.Status_RUNNING || t.status == task.Status_PAUSED {
+		t.mu.Unlock()
+		return fmt.Errorf("delete %s: task is %s; kill it first: %w", t.id, t.status, errdefs.ErrFailedPrecondition)
+	}
+	t.setExitedLocked(t.exitStatus)
+	c := t.console
+	t.console = nil
+	t.mu.Unlock()
+	if c != nil {
+		c.close()
+	}
+	return releaseVM(ctx, t.h.conn, &t.rec, t.bundle)
+}
+
+// releaseVM undoes everything a VM task made, as written in its record:
+// it is shared by a live Delete and by the cleanup `delete` containerd
+// runs after a shim died. Every piece may already be gone. The domain is
+// only touched while it still belongs to this container: a restarted
+// container of the same pod reuses the name.
+func releaseVM(ctx context.Context, conn *vm.Conn, rec *taskRecord, bundle string) error {
+	var errs []error
+	if conn != nil && rec.Domain != "" {
+		m, err := conn.Metadata(rec.Domain)
+		switch {
+		case errdefs.IsNotFound(err):
+		case err != nil:
+			errs = append(errs, err)
+		case m.ContainerID != rec.ID:
+			log.G(ctx).WithField("vm", rec.Domain).WithField("owner", m.ContainerID).Info("domain now belongs to another container; leaving it")
+		default:
+			if st, err := conn.State(rec.Domain); err == nil && st.Running {
+				if err := conn.Destroy(rec.Domain); err != nil && !errdefs.IsFailedPrecondition(err) {
+					errs = append(errs, err)
+				}
+			}
+			errs = append(errs, conn.Undefine(rec.Domain))
+		}
+	}
+	if rec.VMDir != "" {
+		bases, _ := filepath.Glob(filepath.Join(rec.VMDir, "base.*"))
+		unmounted := true
+		for _, b := range bases {
+			if err := vm.Unmount(b); err != nil {
+				errs = append(errs, err)
+				unmounted = false
+			}
+		}
+		if unmounted {
+			errs = append(errs, os.RemoveAll(rec.VMDir))
+		}
+	}
+	if rec.Overlay != "" && !rec.KeepOverlay {
+		if err := os.Remove(rec.Overlay); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if err := mount.UnmountAll(filepath.Join(bundle, "rootfs"), unix.MNT_DETACH); err != nil {
+		errs = append(errs, fmt.Errorf("unmount rootfs: %w", err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("release VM %s: %w", rec.Domain, err)
+	}
+	return removeRecord(bundle)
+}
