@@ -203,7 +203,11 @@ func (c *Conn) Metadata(name string) (Metadata, error) {
 	if err != nil {
 		return Metadata{}, mapError(err, "get metadata of domain "+name)
 	}
-	var m vmMetaXML
+	// libvirt hands the element back without its namespace.
+	var m struct {
+		XMLName xml.Name `xml:"vm"`
+		Metadata
+	}
 	if err := xml.Unmarshal([]byte(s), &m); err != nil {
 		return Metadata{}, fmt.Errorf("parse metadata of domain %s: %w", name, err)
 	}
