@@ -53,6 +53,11 @@ type osXML struct {
 	Initrd  string    `xml:"initrd,omitempty"`
 	Cmdline string    `xml:"cmdline,omitempty"`
 	Boot    *bootXML  `xml:"boot,omitempty"`
+	BIOS    *biosXML  `xml:"bios,omitempty"`
+}
+
+type biosXML struct {
+	UseSerial string `xml:"useserial,attr"`
 }
 
 type osTypeXML struct {

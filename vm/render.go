@@ -75,6 +75,9 @@ func configureBoot(s *Spec, d *domainXML) {
 		return
 	}
 	d.OS.Boot = &bootXML{Dev: "hd"}
+	// SeaBIOS mirrors its screen to the serial port, so the console shows
+	// bootloaders and firmware that only print through the BIOS.
+	d.OS.BIOS = &biosXML{UseSerial: "yes"}
 }
 
 func configureDisk(s *Spec, d *domainXML) {
