@@ -50,6 +50,10 @@ var flavours = map[string]flavour{
 	},
 }
 
+// Both configs set restrict_oom_score_adj: this kernel refuses negative
+// oom_score_adj values (EIO), and CRI gives sandboxes -998, which made runc
+// fail with "can't get final child's PID from pipe: EOF".
+
 // configV2 is the config for containerd 1.6 (config version 2).
 const configV2 = `version = 2
 root = {{printf "%q" .Root}}
@@ -70,6 +74,7 @@ state = {{printf "%q" .State}}
 
   [plugins."io.containerd.grpc.v1.cri"]
     sandbox_image = {{printf "%q" .SandboxImage}}
+    restrict_oom_score_adj = true
     stream_server_address = "127.0.0.1"
     stream_server_port = "0"
 
@@ -126,6 +131,7 @@ imports = []
 
   [plugins."io.containerd.cri.v1.runtime"]
     netns_mounts_under_state_dir = true
+    restrict_oom_score_adj = true
 
     [plugins."io.containerd.cri.v1.runtime".cni]
       bin_dirs = [{{printf "%q" .CNIBinDir}}]

@@ -123,7 +123,12 @@ func containerConfig(name, image string, annotations map[string]string) *cri.Con
 	}
 }
 
+// createContainer creates cfg in pod p; like kubelet, it first makes the
+// container's log directory.
 func (cl *criClient) createContainer(p *pod, cfg *cri.ContainerConfig) (string, error) {
+	if err := os.MkdirAll(filepath.Join(p.logDir, filepath.Dir(cfg.LogPath)), 0o755); err != nil {
+		return "", err
+	}
 	ctx, cancel := criCtx()
 	defer cancel()
 	resp, err := cl.rt.CreateContainer(ctx, &cri.CreateContainerRequest{
@@ -216,4 +221,93 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// criStopGrace is the grace period kubelet would pass to StopContainer.
+const criStopGrace = 30
+
+// podContainer is a pod with one started container, made through CRI.
+type podContainer struct {
+	*pod
+	cid     string
+	logPath string
+}
+
+// startPodContainer runs a pod sandbox with the runtime handler and starts
+// a container of image in it.
+func (c *containerd) startPodContainer(t *testing.T, cl *criClient, name, handler, image string) *podContainer {
+	t.Helper()
+	p := c.runPod(t, cl, name, handler, nil)
+	cfg := containerConfig("vm", image, nil)
+	cid, err := cl.createContainer(p, cfg)
+	if err != nil {
+		t.Fatalf("CreateContainer in pod %s: %v", name, err)
+	}
+	ctx, cancel := criCtx()
+	defer cancel()
+	if _, err := cl.rt.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: cid}); err != nil {
+		t.Fatalf("StartContainer %s in pod %s: %v", cid, name, err)
+	}
+	return &podContainer{pod: p, cid: cid, logPath: filepath.Join(p.logDir, cfg.LogPath)}
+}
+
+// stopContainer stops the container with kubelet's grace period and checks
+// that it ended by itself on SIGTERM: exit code 0.
+func (cl *criClient) stopContainer(v *podContainer) error {
+	ctx, cancel := criCtx()
+	defer cancel()
+	start := time.Now()
+	if _, err := cl.rt.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: v.cid, Timeout: criStopGrace}); err != nil {
+		return fmt.Errorf("StopContainer %s: %w", v.cid, err)
+	}
+	took := time.Since(start)
+	resp, err := cl.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: v.cid})
+	if err != nil {
+		return fmt.Errorf("ContainerStatus %s: %w", v.cid, err)
+	}
+	st := resp.Status
+	if st.State != cri.ContainerState_CONTAINER_EXITED || st.ExitCode != 0 {
+		return fmt.Errorf("after StopContainer (%v): state %s exit code %d reason %q, want EXITED with 0",
+			took, st.State, st.ExitCode, st.Reason)
+	}
+	return nil
+}
+
+// removePod removes the container, then stops and removes the sandbox.
+func (cl *criClient) removePod(t *testing.T, v *podContainer) {
+	t.Helper()
+	ctx, cancel := criCtx()
+	defer cancel()
+	if _, err := cl.rt.RemoveContainer(ctx, &cri.RemoveContainerRequest{ContainerId: v.cid}); err != nil {
+		t.Errorf("RemoveContainer %s: %v", v.cid, err)
+	}
+	cl.stopAndRemovePod(t, v.pod)
+}
+
+func (v *podContainer) shimIDs() []shimID {
+	return []shimID{{nsCRI, v.id}, {nsCRI, v.cid}}
+}
+
+// waitStats polls ContainerStats until it reports cpu usage and memory
+// working set above zero.
+func (cl *criClient) waitStats(t *testing.T, id string) *cri.ContainerStats {
+	t.Helper()
+	var stats *cri.ContainerStats
+	if err := poll(30*time.Second, func() (bool, string) {
+		ctx, cancel := criCtx()
+		defer cancel()
+		resp, err := cl.rt.ContainerStats(ctx, &cri.ContainerStatsRequest{ContainerId: id})
+		if err != nil {
+			return false, "ContainerStats: " + err.Error()
+		}
+		stats = resp.Stats
+		return stats.GetCpu().GetUsageCoreNanoSeconds().GetValue() > 0 &&
+				stats.GetMemory().GetWorkingSetBytes().GetValue() > 0,
+			fmt.Sprintf("ContainerStats cpu %v memory %v", stats.GetCpu(), stats.GetMemory())
+	}); err != nil {
+		t.Fatalf("want cpu usage and memory working set > 0: %v", err)
+	}
+	t.Logf("stats: cpu %d ns, memory working set %d bytes",
+		stats.Cpu.UsageCoreNanoSeconds.Value, stats.Memory.WorkingSetBytes.Value)
+	return stats
 }

@@ -100,9 +100,9 @@ func newSuite() (*testSuite, error) {
 	if err := os.MkdirAll(s.binDir, 0o755); err != nil {
 		return s, err
 	}
-	s.shimErr = s.buildShim()
-	if s.shimErr != nil {
-		fmt.Fprintf(os.Stderr, "integration: %v\n(tests that need the kvm shim will fail)\n", s.shimErr)
+	if out, err := s.buildShim(); err != nil {
+		fmt.Fprintf(os.Stderr, "integration: building the shim failed; tests that need it will fail:\n%s\n", out)
+		s.shimErr = fmt.Errorf("go build ./cmd/containerd-shim-kvm-v1 failed (its output is at the start of the run): %v", err)
 	}
 	s.images, s.missing, err = findImages(s.imagesDir)
 	if err != nil {
@@ -140,14 +140,10 @@ func newSuite() (*testSuite, error) {
 }
 
 // buildShim builds the shim from the current tree, so tests always test it.
-func (s *testSuite) buildShim() error {
-	out := filepath.Join(s.binDir, shimBinary)
-	cmd := exec.Command("go", "build", "-o", out, "./cmd/containerd-shim-kvm-v1")
+func (s *testSuite) buildShim() (output []byte, err error) {
+	cmd := exec.Command("go", "build", "-o", filepath.Join(s.binDir, shimBinary), "./cmd/containerd-shim-kvm-v1")
 	cmd.Dir = s.repo
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("building the shim (go build -o %s ./cmd/containerd-shim-kvm-v1): %v\n%s", out, err, b)
-	}
-	return nil
+	return cmd.CombinedOutput()
 }
 
 func (s *testSuite) importImages(c *containerd) error {

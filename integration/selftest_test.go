@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -120,5 +121,37 @@ func TestHarnessDetectsLeftovers(t *testing.T) {
 		c.deleteTask(t, nsDefault, id.id, 137)
 		c.mustCtr(t, nsDefault, "containers", "delete", id.id)
 		assertNothingLeft(t, c, id)
+	})
+}
+
+// TestHarnessCRIRunc runs the CRI pod flow of the VM tests with runc and the
+// pause image: it checks the CRI and CNI config (pod IP from the private
+// subnet), stats, stop and the leftover checks without the kvm shim.
+func TestHarnessCRIRunc(t *testing.T) {
+	s := requireSuite(t)
+	s.requireImages(t, "pause")
+	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
+		c.cleanupAfter(t)
+		cl := c.cri(t)
+		v := c.startPodContainer(t, cl, "runc-pod", "runc", sandboxImage)
+		cl.waitContainerState(t, v.cid, cri.ContainerState_CONTAINER_RUNNING, 30*time.Second)
+
+		ctx, cancel := criCtx()
+		defer cancel()
+		st, err := cl.rt.PodSandboxStatus(ctx, &cri.PodSandboxStatusRequest{PodSandboxId: v.id})
+		if err != nil {
+			t.Fatalf("PodSandboxStatus: %v", err)
+		}
+		_, subnet, _ := net.ParseCIDR(c.Subnet)
+		if ip := net.ParseIP(st.Status.GetNetwork().GetIp()); ip == nil || !subnet.Contains(ip) {
+			t.Errorf("pod IP %q, want one in %s", st.Status.GetNetwork().GetIp(), c.Subnet)
+		}
+
+		cl.waitStats(t, v.cid)
+		if err := cl.stopContainer(v); err != nil {
+			t.Fatal(err)
+		}
+		cl.removePod(t, v)
+		assertNothingLeft(t, c, v.shimIDs()...)
 	})
 }

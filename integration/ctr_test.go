@@ -1,0 +1,130 @@
+//go:build integration
+
+package integration
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+const (
+	// bootTimeout bounds a TCG boot to the ready line (about 5 s measured).
+	bootTimeout = 2 * time.Minute
+	// stopTimeout bounds an ACPI power-off or a destroy.
+	stopTimeout = time.Minute
+
+	readyLine    = "KVM-GUEST-READY"
+	poweroffLine = "KVM-GUEST-POWEROFF"
+)
+
+// kvmRun is the ctr run arguments that select the kvm shim and its config.
+func (c *containerd) kvmRun(args ...string) []string {
+	return append([]string{"--runtime", kvmRuntime, "--runtime-config-path", c.ShimConfig}, args...)
+}
+
+// TestCtrPowerOff: SIGTERM asks the guest to power off; ctr run exits 0.
+func TestCtrPowerOff(t *testing.T) {
+	s := requireKVM(t, "kernel")
+	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
+		c.cleanupAfter(t)
+		id := "it-kernel-term"
+		f := c.runForeground(t, nsDefault, c.kvmRun(s.images["kernel"].ref, id)...)
+		f.waitOutput(t, readyLine, bootTimeout)
+		c.mustCtr(t, nsDefault, "task", "kill", id)
+		f.waitOutput(t, poweroffLine, stopTimeout)
+		if code := f.wait(t, stopTimeout); code != 0 {
+			t.Fatalf("ctr run exited %d after SIGTERM, want 0 (guest powered off)", code)
+		}
+		assertNothingLeft(t, c, shimID{nsDefault, id})
+	})
+}
+
+// TestCtrKill: SIGKILL destroys the VM; ctr run exits 137.
+func TestCtrKill(t *testing.T) {
+	s := requireKVM(t, "kernel")
+	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
+		c.cleanupAfter(t)
+		id := "it-kernel-kill"
+		f := c.runForeground(t, nsDefault, c.kvmRun(s.images["kernel"].ref, id)...)
+		f.waitOutput(t, readyLine, bootTimeout)
+		c.mustCtr(t, nsDefault, "task", "kill", "-s", "KILL", id)
+		if code := f.wait(t, stopTimeout); code != 137 {
+			t.Fatalf("ctr run exited %d after SIGKILL, want 137", code)
+		}
+		assertNothingLeft(t, c, shimID{nsDefault, id})
+	})
+}
+
+// TestCtrDetached: run -d, task ls/ps, pause and resume, kill, delete.
+func TestCtrDetached(t *testing.T) {
+	s := requireKVM(t, "kernel")
+	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
+		c.cleanupAfter(t)
+		id := "it-kernel-detached"
+		c.mustCtr(t, nsDefault, append([]string{"run", "-d"}, c.kvmRun(s.images["kernel"].ref, id)...)...)
+		c.waitTaskStatus(t, nsDefault, id, "RUNNING", bootTimeout)
+
+		pids := c.taskPids(t, nsDefault, id)
+		if len(pids) != 1 {
+			t.Fatalf("ctr task ps %s: pids %v, want exactly one", id, pids)
+		}
+		qemu := pids[0]
+		if name, err := exe(qemu); err != nil || name != "qemu-system-x86_64" {
+			t.Fatalf("task pid %d is %q (%v), want a live qemu-system-x86_64", qemu, name, err)
+		}
+		if _, pid, _ := c.taskStatus(nsDefault, id); pid != qemu {
+			t.Errorf("ctr task ls pid %d differs from ctr task ps pid %d", pid, qemu)
+		}
+
+		c.mustCtr(t, nsDefault, "task", "pause", id)
+		c.waitTaskStatus(t, nsDefault, id, "PAUSED", stopTimeout)
+		c.mustCtr(t, nsDefault, "task", "resume", id)
+		c.waitTaskStatus(t, nsDefault, id, "RUNNING", stopTimeout)
+		if !alive(qemu) {
+			t.Fatalf("qemu pid %d gone after resume", qemu)
+		}
+
+		c.mustCtr(t, nsDefault, "task", "kill", "-s", "KILL", id)
+		c.waitTaskStatus(t, nsDefault, id, "STOPPED", stopTimeout)
+		if err := poll(stopTimeout, func() (bool, string) {
+			return !alive(qemu), fmt.Sprintf("qemu pid %d still alive", qemu)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		c.deleteTask(t, nsDefault, id, 137)
+		c.mustCtr(t, nsDefault, "containers", "delete", id)
+		assertNothingLeft(t, c, shimID{nsDefault, id})
+	})
+}
+
+// TestCtrBootDisk boots containerDisk images through the BIOS.
+func TestCtrBootDisk(t *testing.T) {
+	for _, tc := range []struct {
+		image, want string
+	}{
+		{"bios", readyLine},
+		// iPXE from Debian's ipxe.iso: its banner reaches the serial port
+		// only through SeaBIOS's serial console (see hack/guest/build.sh).
+		{"foreign", "Open Source Network Boot Firmware"},
+	} {
+		t.Run(tc.image, func(t *testing.T) {
+			s := requireKVM(t)
+			if _, ok := s.images[tc.image]; !ok && knownImages[tc.image].optional {
+				t.Skipf("optional image %s not built", knownImages[tc.image].file)
+			}
+			s.requireImages(t, tc.image)
+			s.forEachFlavour(t, func(t *testing.T, c *containerd) {
+				c.cleanupAfter(t)
+				id := "it-disk-" + tc.image
+				f := c.runForeground(t, nsDefault, c.kvmRun(s.images[tc.image].ref, id)...)
+				f.waitOutput(t, tc.want, bootTimeout)
+				c.mustCtr(t, nsDefault, "task", "kill", "-s", "KILL", id)
+				if code := f.wait(t, stopTimeout); code != 137 {
+					t.Fatalf("ctr run exited %d after SIGKILL, want 137", code)
+				}
+				assertNothingLeft(t, c, shimID{nsDefault, id})
+			})
+		})
+	}
+}
