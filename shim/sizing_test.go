@@ -102,3 +102,14 @@ func TestLoadConfig(t *testing.T) {
 		t.Error("a missing explicit config was accepted")
 	}
 }
+
+// The shipped example must parse and document exactly the defaults.
+func TestExampleConfigIsDefaults(t *testing.T) {
+	cfg, err := LoadConfig("../config.example.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg != DefaultConfig() {
+		t.Errorf("config.example.toml differs from DefaultConfig():\n%+v\n%+v", cfg, DefaultConfig())
+	}
+}

@@ -1,0 +1,45 @@
+# containerd-shim-kvm-v1: run `make help` for the targets.
+
+VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+PREFIX   ?= /usr/local
+BIN      := _output/bin/containerd-shim-kvm-v1
+LDFLAGS  := -s -w -X main.version=$(VERSION) -X main.revision=$(REVISION)
+GO       ?= go
+# Integration tests boot real VMs under TCG; give them room.
+INTEGRATION_TIMEOUT ?= 80m
+INTEGRATION_RUN     ?= .
+
+.PHONY: help build install setup images unit integration test demo clean
+
+help: ## Show this help
+	@awk 'BEGIN{FS=":.*## "} /^[a-z-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+build: ## Build the static shim binary into _output/bin
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/containerd-shim-kvm-v1
+
+install: build ## Install the shim to $(PREFIX)/bin and a default config (kept if present)
+	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/containerd-shim-kvm-v1
+	@if [ ! -e $(DESTDIR)/etc/containerd-shim-kvm-v1/config.toml ]; then \
+		install -D -m 0644 config.example.toml $(DESTDIR)/etc/containerd-shim-kvm-v1/config.toml; \
+		echo "installed /etc/containerd-shim-kvm-v1/config.toml"; fi
+
+setup: ## Install host packages, start virtlogd and libvirtd, build containerd 2.x
+	hack/setup-host.sh
+
+images: ## Build the guest test images (OCI archives in _output/images)
+	hack/guest/build.sh
+
+unit: ## Run the unit tests (privileged ones skip unless root)
+	$(GO) test ./...
+
+integration: setup build images ## Run the integration tests against real containerd 1.6 and 2.x, libvirtd and QEMU
+	$(GO) test -tags integration -count=1 -v -timeout $(INTEGRATION_TIMEOUT) -run '$(INTEGRATION_RUN)' ./integration/
+
+test: setup build images unit integration ## Set up the host, then run unit and integration tests
+
+demo: setup install images ## Set up, install, start containerd and boot the demo VM with its console here
+	hack/demo.sh
+
+clean: ## Remove build outputs
+	rm -rf _output
