@@ -73,7 +73,9 @@ func openStdio(ctx context.Context, io stdio) (in io.ReadCloser, out io.WriteClo
 	}
 	if io.Stdin != "" {
 		var err error
-		in, err = fifo.OpenFifo(ctx, io.Stdin, syscall.O_RDONLY|syscall.O_NONBLOCK, 0)
+		// Opened in the background until containerd's writer shows up: the
+		// context must outlive this call, or the open is abandoned.
+		in, err = fifo.OpenFifo(context.WithoutCancel(ctx), io.Stdin, syscall.O_RDONLY|syscall.O_NONBLOCK, 0)
 		if err != nil {
 			return nil, nil, fmt.Errorf("open stdin %s: %w", io.Stdin, err)
 		}
