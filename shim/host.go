@@ -16,9 +16,29 @@ import (
 type host struct {
 	cfg    Config
 	accel  vm.Accel
-	conn   *vm.Conn
+	conn   domains
+	events <-chan vm.Event
+	close  func() error
 	layout layout
 }
+
+// domains is what the VM tasks need of libvirt; *vm.Conn in production,
+// a fake with state in unit tests.
+type domains interface {
+	Define(domainXML []byte) error
+	Start(name string, paused bool) error
+	Resume(name string) error
+	Suspend(name string) error
+	Shutdown(name string) error
+	Destroy(name string) error
+	Undefine(name string) error
+	State(name string) (vm.State, error)
+	Stats(name string) (vm.Stats, error)
+	Metadata(name string) (vm.Metadata, error)
+	PID(name string) (int, error)
+}
+
+var _ domains = (*vm.Conn)(nil)
 
 func newHost(ctx context.Context, cfg Config, kvm vm.KVMInfo) (*host, error) {
 	accel, warning, err := vm.ChooseAccel(cfg.Accel, kvm)
@@ -45,7 +65,7 @@ func newHost(ctx context.Context, cfg Config, kvm vm.KVMInfo) (*host, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &host{cfg: cfg, accel: accel, conn: conn, layout: l}, nil
+	return &host{cfg: cfg, accel: accel, conn: conn, events: conn.Events(), close: conn.Close, layout: l}, nil
 }
 
 // checkSearchable makes sure QEMU, which runs as an unprivileged user, can

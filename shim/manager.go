@@ -11,7 +11,6 @@ import (
 
 	"github.com/containerd/containerd/namespaces"
 	"github.com/containerd/containerd/runtime/v2/shim"
-	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
@@ -152,10 +151,11 @@ func (Manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 	case kindVM:
 		conn, err := vm.Connect(ctx, rec.LibvirtSocket)
 		if err != nil {
-			log.G(ctx).WithError(err).Warn("cleanup without libvirt: the domain, if any, is left defined")
-		} else {
-			defer conn.Close()
+			// Keep the record: the domain is still defined and a later
+			// cleanup with libvirt back can finish the job.
+			return status, fmt.Errorf("clean up VM %s: %w", rec.Domain, err)
 		}
+		defer conn.Close()
 		return status, releaseVM(ctx, conn, rec, bundle)
 	}
 	return status, fmt.Errorf("task record of %s has unknown kind %q", id, rec.Kind)

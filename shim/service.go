@@ -302,7 +302,7 @@ func (s *service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*pt
 	s.host = nil
 	s.mu.Unlock()
 	if h != nil {
-		_ = h.conn.Close()
+		_ = h.close()
 	}
 	s.shutdown.Shutdown()
 	return &ptypes.Empty{}, nil
@@ -369,7 +369,7 @@ func (s *service) vmHost(ctx context.Context, cfg *Config) (*host, error) {
 
 // followEvents routes libvirt lifecycle events to the VM tasks.
 func (s *service) followEvents(ctx context.Context, h *host) {
-	for ev := range h.conn.Events() {
+	for ev := range h.events {
 		switch ev.Kind {
 		case vm.EventStopped:
 			for _, t := range s.vmTasks(ev.Domain) {

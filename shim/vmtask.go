@@ -148,7 +148,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 // takeOverDomainName makes sure name is free for container id: a stopped
 // domain left by an earlier container of the same identity is undefined; a
 // running one is a conflict.
-func takeOverDomainName(conn *vm.Conn, name, id string) error {
+func takeOverDomainName(conn domains, name, id string) error {
 	st, err := conn.State(name)
 	if errdefs.IsNotFound(err) {
 		return nil
@@ -244,7 +244,7 @@ func (t *vmTask) start(ctx context.Context) (int, error) {
 		closeAll(in, out)
 		return 0, err
 	}
-	pid, err := vm.PID(name)
+	pid, err := t.h.conn.PID(name)
 	if err == nil {
 		err = t.h.conn.Resume(name)
 	}
@@ -403,9 +403,9 @@ func (t *vmTask) delete(ctx context.Context) error {
 // runs after a shim died. Every piece may already be gone. The domain is
 // only touched while it still belongs to this container: a restarted
 // container of the same pod reuses the name.
-func releaseVM(ctx context.Context, conn *vm.Conn, rec *taskRecord, bundle string) error {
+func releaseVM(ctx context.Context, conn domains, rec *taskRecord, bundle string) error {
 	var errs []error
-	if conn != nil && rec.Domain != "" {
+	if rec.Domain != "" {
 		m, err := conn.Metadata(rec.Domain)
 		switch {
 		case errdefs.IsNotFound(err):

@@ -174,7 +174,7 @@ func (c *Conn) Stats(name string) (Stats, error) {
 }
 
 // PID returns the pid of the domain's QEMU process from libvirt's pid file.
-func PID(name string) (int, error) {
+func (c *Conn) PID(name string) (int, error) {
 	b, err := os.ReadFile(filepath.Join(QEMUPidDir, name+".pid"))
 	if err != nil {
 		return 0, fmt.Errorf("read QEMU pid of domain %s: %w", name, err)

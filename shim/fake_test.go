@@ -1,0 +1,195 @@
+package shim
+
+import (
+	"encoding/xml"
+	"fmt"
+	"net"
+	"sync"
+
+	"github.com/containerd/containerd/errdefs"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
+)
+
+// fakeDomains is libvirt with state: defined domains, which run, and a
+// console socket per running domain. Tests drive exits by calling stop.
+type fakeDomains struct {
+	mu       sync.Mutex
+	doms     map[string]*fakeDomain
+	calls    []string
+	startErr error
+}
+
+type fakeDomain struct {
+	xml      string
+	meta     vm.Metadata
+	running  bool
+	paused   bool
+	reason   vm.StopReason
+	console  string
+	listener net.Listener
+	conns    []net.Conn // guarded by fakeDomains.mu
+}
+
+var _ domains = (*fakeDomains)(nil)
+
+func newFakeDomains() *fakeDomains { return &fakeDomains{doms: map[string]*fakeDomain{}} }
+
+func (f *fakeDomains) record(call string) { f.calls = append(f.calls, call) }
+
+func (f *fakeDomains) called() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.calls...)
+}
+
+func (f *fakeDomains) get(name string) (*fakeDomain, error) {
+	d, ok := f.doms[name]
+	if !ok {
+		return nil, fmt.Errorf("domain %s: %w", name, errdefs.ErrNotFound)
+	}
+	return d, nil
+}
+
+func (f *fakeDomains) Define(b []byte) error {
+	var d struct {
+		Name     string `xml:"name"`
+		Metadata struct {
+			VM vm.Metadata `xml:"vm"`
+		} `xml:"metadata"`
+		Serial struct {
+			Source struct {
+				Path string `xml:"path,attr"`
+			} `xml:"source"`
+		} `xml:"devices>serial"`
+	}
+	if err := xml.Unmarshal(b, &d); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("define " + d.Name)
+	f.doms[d.Name] = &fakeDomain{xml: string(b), meta: d.Metadata.VM, console: d.Serial.Source.Path}
+	return nil
+}
+
+func (f *fakeDomains) Start(name string, paused bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("start " + name)
+	d, err := f.get(name)
+	if err != nil {
+		return err
+	}
+	if f.startErr != nil {
+		return f.startErr
+	}
+	l, err := net.Listen("unix", d.console)
+	if err != nil {
+		return err
+	}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("KVM-GUEST-READY\n"))
+			f.mu.Lock()
+			d.conns = append(d.conns, c)
+			f.mu.Unlock()
+		}
+	}()
+	d.listener, d.running, d.paused = l, true, paused
+	return nil
+}
+
+// stop ends a running domain as libvirt would: QEMU closes the console.
+func (f *fakeDomains) stop(name string, reason vm.StopReason) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d := f.doms[name]
+	d.running, d.paused, d.reason = false, false, reason
+	if d.listener != nil {
+		d.listener.Close()
+	}
+	for _, c := range d.conns {
+		c.Close()
+	}
+	d.conns = nil
+}
+
+func (f *fakeDomains) simple(call, name string, fn func(*fakeDomain) error) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record(call + " " + name)
+	d, err := f.get(name)
+	if err != nil {
+		return err
+	}
+	return fn(d)
+}
+
+func notRunning(name string) error {
+	return fmt.Errorf("domain %s is not running: %w", name, errdefs.ErrFailedPrecondition)
+}
+
+func (f *fakeDomains) Resume(name string) error {
+	return f.simple("resume", name, func(d *fakeDomain) error { d.paused = false; return nil })
+}
+
+func (f *fakeDomains) Suspend(name string) error {
+	return f.simple("suspend", name, func(d *fakeDomain) error { d.paused = true; return nil })
+}
+
+func (f *fakeDomains) Shutdown(name string) error {
+	return f.simple("shutdown", name, func(d *fakeDomain) error {
+		if !d.running {
+			return notRunning(name)
+		}
+		return nil
+	})
+}
+
+func (f *fakeDomains) Destroy(name string) error {
+	return f.simple("destroy", name, func(d *fakeDomain) error {
+		if !d.running {
+			return notRunning(name)
+		}
+		return nil
+	})
+}
+
+func (f *fakeDomains) Undefine(name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("undefine " + name)
+	delete(f.doms, name)
+	return nil
+}
+
+func (f *fakeDomains) State(name string) (vm.State, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d, err := f.get(name)
+	if err != nil {
+		return vm.State{}, err
+	}
+	return vm.State{Running: d.running, Paused: d.paused, Reason: d.reason}, nil
+}
+
+func (f *fakeDomains) Stats(name string) (vm.Stats, error) {
+	return vm.Stats{CPUTimeNs: 42, RSSBytes: 1 << 20, MemoryBytes: 256 << 20}, nil
+}
+
+func (f *fakeDomains) Metadata(name string) (vm.Metadata, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d, err := f.get(name)
+	if err != nil {
+		return vm.Metadata{}, err
+	}
+	return d.meta, nil
+}
+
+func (f *fakeDomains) PID(name string) (int, error) { return 4242, nil }

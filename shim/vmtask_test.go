@@ -1,0 +1,312 @@
+package shim
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	eventstypes "github.com/containerd/containerd/api/events"
+	"github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
+)
+
+type eventLog struct {
+	mu     sync.Mutex
+	events []any
+}
+
+func (l *eventLog) publish(e any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.events = append(l.events, e)
+}
+
+func (l *eventLog) exits() []*eventstypes.TaskExit {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []*eventstypes.TaskExit
+	for _, e := range l.events {
+		if x, ok := e.(*eventstypes.TaskExit); ok {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+type vmFixture struct {
+	t      *testing.T
+	fake   *fakeDomains
+	host   *host
+	events *eventLog
+	bundle string
+}
+
+func newVMFixture(t *testing.T) *vmFixture {
+	state := t.TempDir()
+	cfg := DefaultConfig()
+	cfg.StateDir = state
+	return &vmFixture{
+		t:      t,
+		fake:   newFakeDomains(),
+		host:   &host{cfg: cfg, accel: vm.AccelTCG, layout: layout{root: state}},
+		events: &eventLog{},
+		bundle: t.TempDir(),
+	}
+}
+
+// kernelRootfs writes a direct-boot image's files into the bundle's rootfs.
+func (f *vmFixture) kernelRootfs() {
+	for _, p := range []string{"boot/vmlinuz", "boot/initrd.img"} {
+		full := filepath.Join(f.bundle, "rootfs", p)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			f.t.Fatal(err)
+		}
+		if err := os.WriteFile(full, []byte(p), 0o644); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+}
+
+func (f *vmFixture) create(ann map[string]string) (*vmTask, error) {
+	f.host.conn = f.fake
+	spec := &specs.Spec{Annotations: ann}
+	if spec.Annotations == nil {
+		spec.Annotations = map[string]string{}
+	}
+	ident := vmIdentity{Namespace: "default", ContainerID: "vm1"}
+	return createVMTask(context.Background(), f.host, createRequest{id: "vm1", bundle: f.bundle, spec: spec}, ident, f.events.publish)
+}
+
+func (f *vmFixture) started() *vmTask {
+	f.kernelRootfs()
+	vt, err := f.create(nil)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if _, err := vt.start(context.Background()); err != nil {
+		f.t.Fatal(err)
+	}
+	return vt
+}
+
+func waitExit(t *testing.T, vt *vmTask) uint32 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, _, err := vt.wait(ctx)
+	if err != nil {
+		t.Fatalf("no exit: %v", err)
+	}
+	return st
+}
+
+func TestVMTaskExitStatus(t *testing.T) {
+	cases := []struct {
+		name   string
+		signal unix.Signal
+		call   string
+		reason vm.StopReason
+		want   uint32
+	}{
+		{"SIGTERM powers off", unix.SIGTERM, "shutdown", vm.StopShutdown, 0},
+		{"SIGINT powers off", unix.SIGINT, "shutdown", vm.StopShutdown, 0},
+		{"SIGKILL destroys", unix.SIGKILL, "destroy", vm.StopDestroyed, 137},
+		{"QEMU dies", 0, "", vm.StopFailed, 255},
+		{"guest crash", 0, "", vm.StopCrashed, 134},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newVMFixture(t)
+			vt := f.started()
+			if status, pid, _, _ := vt.snapshot(); status != task.Status_RUNNING || pid != 4242 {
+				t.Fatalf("after start: %s pid %d", status, pid)
+			}
+			if tc.signal != 0 {
+				if err := vt.kill(context.Background(), uint32(tc.signal)); err != nil {
+					t.Fatal(err)
+				}
+				if calls := f.fake.called(); calls[len(calls)-1] != tc.call+" "+vt.rec.Domain {
+					t.Fatalf("kill made calls %v, want %s last", calls, tc.call)
+				}
+			}
+			f.fake.stop(vt.rec.Domain, tc.reason)
+			vt.onStopped(context.Background(), tc.reason)
+			if got := waitExit(t, vt); got != tc.want {
+				t.Errorf("exit status %d, want %d", got, tc.want)
+			}
+			exits := f.events.exits()
+			if len(exits) != 1 || exits[0].ExitStatus != tc.want || exits[0].Pid != 4242 {
+				t.Errorf("exit events %v", exits)
+			}
+			// A second stop notice (event and resync both) publishes nothing more.
+			vt.onStopped(context.Background(), tc.reason)
+			if len(f.events.exits()) != 1 {
+				t.Error("exit published twice")
+			}
+			if err := vt.kill(context.Background(), uint32(unix.SIGKILL)); !errdefs.IsNotFound(err) {
+				t.Errorf("kill after exit: %v, want NotFound", err)
+			}
+		})
+	}
+}
+
+func TestVMTaskKillRejectsOtherSignals(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.started()
+	err := vt.kill(context.Background(), uint32(unix.SIGHUP))
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "SIGKILL") {
+		t.Errorf("SIGHUP: %v", err)
+	}
+}
+
+func TestVMTaskKillBeforeStart(t *testing.T) {
+	f := newVMFixture(t)
+	f.kernelRootfs()
+	vt, err := f.create(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := vt.kill(context.Background(), uint32(unix.SIGKILL)); err != nil {
+		t.Fatal(err)
+	}
+	if got := waitExit(t, vt); got != 137 {
+		t.Errorf("exit %d", got)
+	}
+}
+
+func TestVMTaskResyncFindsMissedExit(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.started()
+	f.fake.stop(vt.rec.Domain, vm.StopShutdown) // no event delivered
+	vt.resync(context.Background())
+	if got := waitExit(t, vt); got != 0 {
+		t.Errorf("exit %d", got)
+	}
+}
+
+func TestVMTaskPauseResume(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.started()
+	if err := vt.resume(context.Background()); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("resume while running: %v", err)
+	}
+	if err := vt.pause(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if st, _, _, _ := vt.snapshot(); st != task.Status_PAUSED {
+		t.Errorf("after pause: %s", st)
+	}
+	if err := vt.resume(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if st, _, _, _ := vt.snapshot(); st != task.Status_RUNNING {
+		t.Errorf("after resume: %s", st)
+	}
+}
+
+func TestVMTaskDeleteLeavesNothing(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.started()
+	if err := vt.delete(context.Background()); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("delete while running: %v", err)
+	}
+	f.fake.stop(vt.rec.Domain, vm.StopDestroyed)
+	vt.onStopped(context.Background(), vm.StopDestroyed)
+	if err := vt.delete(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.fake.State(vt.rec.Domain); !errdefs.IsNotFound(err) {
+		t.Errorf("domain still defined: %v", err)
+	}
+	assertGone(t, vt.rec.VMDir, filepath.Join(f.bundle, recordFile))
+	// Delete is idempotent at the release level.
+	if err := releaseVM(context.Background(), f.fake, &vt.rec, f.bundle); err != nil {
+		t.Errorf("second release: %v", err)
+	}
+}
+
+func TestReleaseVMLeavesSuccessorsDomain(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.started()
+	f.fake.stop(vt.rec.Domain, vm.StopShutdown)
+	// A restarted container of the same pod redefined the domain.
+	f.fake.doms[vt.rec.Domain].meta.ContainerID = "vm1-restarted"
+	if err := releaseVM(context.Background(), f.fake, &vt.rec, f.bundle); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.fake.State(vt.rec.Domain); err != nil {
+		t.Errorf("successor's domain was removed: %v", err)
+	}
+}
+
+func TestCreateVMTaskBadInputLeavesNothing(t *testing.T) {
+	cases := map[string]struct {
+		ann    map[string]string
+		rootfs bool
+		want   string
+	}{
+		"bad memory":  {ann: map[string]string{AnnotationMemory: "lots"}, rootfs: true, want: AnnotationMemory},
+		"bad vcpus":   {ann: map[string]string{AnnotationVCPUs: "-3"}, rootfs: true, want: AnnotationVCPUs},
+		"no VM image": {want: "/disk/"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			f := newVMFixture(t)
+			if tc.rootfs {
+				f.kernelRootfs()
+			}
+			_, err := f.create(tc.ann)
+			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want InvalidArgument naming %q", err, tc.want)
+			}
+			for _, c := range f.fake.called() {
+				if strings.HasPrefix(c, "define") {
+					t.Errorf("a domain was defined: %v", f.fake.called())
+				}
+			}
+			assertGone(t, filepath.Join(f.bundle, recordFile))
+			if left, _ := filepath.Glob(filepath.Join(f.host.cfg.StateDir, "vms", "*")); len(left) > 0 {
+				t.Errorf("left in state dir: %v", left)
+			}
+		})
+	}
+}
+
+func TestCreateVMTaskDirectKernel(t *testing.T) {
+	f := newVMFixture(t)
+	f.kernelRootfs()
+	vt, err := f.create(map[string]string{AnnotationKernelCmdline: "console=ttyS0 quiet", AnnotationVCPUs: "2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := f.fake.doms[vt.rec.Domain].xml
+	for _, want := range []string{"<cmdline>console=ttyS0 quiet</cmdline>", `<vcpu placement="static">2</vcpu>`, "<container-id>vm1</container-id>", filepath.Join(vt.rec.VMDir, "vmlinuz")} {
+		if !strings.Contains(x, want) {
+			t.Errorf("domain XML lacks %s:\n%s", want, x)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(vt.rec.VMDir, "initrd")); err != nil || string(b) != "boot/initrd.img" {
+		t.Errorf("initrd copy: %q, %v", b, err)
+	}
+	rec, err := readRecord(f.bundle)
+	if err != nil || rec == nil || rec.Domain != vt.rec.Domain {
+		t.Errorf("record %+v, %v", rec, err)
+	}
+}
+
+func assertGone(t *testing.T, paths ...string) {
+	t.Helper()
+	for _, p := range paths {
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("%s still exists", p)
+		}
+	}
+}
