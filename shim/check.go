@@ -98,9 +98,16 @@ func Check(ctx context.Context, w io.Writer, args []string) int {
 	nodes, _ := filepath.Glob("/sys/devices/system/node/node[0-9]*")
 	add(checkOK, "numa", "%d node(s)", len(nodes))
 
-	if err := os.MkdirAll(cfg.StateDir, 0o711); err != nil {
-		add(checkFail, "state dir", "%v", err)
-	} else if err := checkSearchable(cfg.StateDir); err != nil {
+	// The shim creates the state dir; what must already hold is that QEMU
+	// can reach it through its existing ancestors.
+	existing := cfg.StateDir
+	for {
+		if _, err := os.Stat(existing); err == nil || existing == "/" {
+			break
+		}
+		existing = filepath.Dir(existing)
+	}
+	if err := checkSearchable(existing); err != nil {
 		add(checkFail, "state dir", "%v", err)
 	} else {
 		add(checkOK, "state dir", "%s", cfg.StateDir)
