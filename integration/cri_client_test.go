@@ -248,7 +248,14 @@ func (c *containerd) startPodContainer(t *testing.T, cl *criClient, name, handle
 	if _, err := cl.rt.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: cid}); err != nil {
 		t.Fatalf("StartContainer %s in pod %s: %v", cid, name, err)
 	}
-	return &podContainer{pod: p, cid: cid, logPath: filepath.Join(p.logDir, cfg.LogPath)}
+	v := &podContainer{pod: p, cid: cid, logPath: filepath.Join(p.logDir, cfg.LogPath)}
+	t.Cleanup(func() {
+		if t.Failed() {
+			b, err := os.ReadFile(v.logPath)
+			t.Logf("CRI log %s of pod %s (tail, %v):\n%s", v.logPath, name, err, tail(string(b), 40))
+		}
+	})
+	return v
 }
 
 // stopContainer stops the container with kubelet's grace period and checks

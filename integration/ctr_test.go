@@ -76,6 +76,13 @@ func TestCtrDetached(t *testing.T) {
 		if _, pid, _ := c.taskStatus(nsDefault, id); pid != qemu {
 			t.Errorf("ctr task ls pid %d differs from ctr task ps pid %d", pid, qemu)
 		}
+		// The leftover check must see a running VM, or it proves nothing.
+		if doms, err := ownDomains(c.ShimState); err != nil || len(doms) != 1 {
+			t.Errorf("libvirt domains of this shim while running: %v (%v), want one", doms, err)
+		}
+		if st := stateDirLeftovers(c.ShimState); len(st) == 0 {
+			t.Errorf("shim state_dir %s looks empty while a VM runs", c.ShimState)
+		}
 
 		c.mustCtr(t, nsDefault, "task", "pause", id)
 		c.waitTaskStatus(t, nsDefault, id, "PAUSED", stopTimeout)

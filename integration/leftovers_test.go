@@ -52,10 +52,12 @@ func assertNothingLeft(t *testing.T, c *containerd, ids ...shimID) {
 //   - no task bundle directory under <state>/io.containerd.runtime.v2.task/<ns>/;
 //   - no mount point anywhere under this containerd's root, state or the
 //     shim's state_dir (/proc/self/mountinfo);
-//   - the shim's state_dir is absent or empty: no per-VM directories or files,
-//     and no host-wide files either (none are agreed; add one here with its
-//     reason if the shim needs it);
-//   - no libvirt domain named kvm-* that did not exist before the run;
+//   - the shim's state_dir holds nothing but its empty top-level directories
+//     (shimStateDirs): no per-VM or per-pod directory, no file, socket or
+//     link at any depth;
+//   - no libvirt domain named kvm-* that belongs to this containerd's shim
+//     (its XML names the shim's state_dir; other people's VMs on the same
+//     libvirtd are not ours to judge);
 //   - no containerd-shim-* process started with -address of this containerd;
 //   - no shim socket for the given ids under /run/containerd/s.
 func (c *containerd) leftovers(ids []shimID) []string {
@@ -75,16 +77,12 @@ func (c *containerd) leftovers(ids []shimID) []string {
 	for _, m := range mountsUnder(c.Dir) {
 		found = append(found, "mount "+m)
 	}
-	if names := dirNames(c.ShimState); len(names) > 0 {
-		found = append(found, fmt.Sprintf("shim state_dir %s not empty: %v", c.ShimState, names))
-	}
-	if doms, err := kvmDomains(); err != nil {
+	found = append(found, stateDirLeftovers(c.ShimState)...)
+	if doms, err := ownDomains(c.ShimState); err != nil {
 		found = append(found, err.Error())
 	} else {
-		for d := range doms {
-			if !c.suite.foreignDomains[d] {
-				found = append(found, "libvirt domain "+d)
-			}
+		for _, d := range doms {
+			found = append(found, "libvirt domain "+d)
 		}
 	}
 	for _, p := range c.shimProcesses() {
@@ -105,6 +103,32 @@ func (c *containerd) leftovers(ids []shimID) []string {
 func shimSocketPath(address string, id shimID) string {
 	sum := sha256.Sum256([]byte(filepath.Join(address, id.ns, id.id)))
 	return filepath.Join(shimSocketDir, fmt.Sprintf("%x", sum))
+}
+
+// shimStateDirs are the top-level directories the shim keeps in its
+// state_dir for its whole life (shim/naming.go layout): vms/<domain>/ and
+// pods/<pod uid>/ live below them and must be gone after delete.
+var shimStateDirs = map[string]bool{"vms": true, "pods": true}
+
+// stateDirLeftovers lists what the shim's state_dir holds beyond its empty
+// top-level directories.
+func stateDirLeftovers(dir string) []string {
+	var found []string
+	for _, name := range dirNames(dir) {
+		path := filepath.Join(dir, name)
+		fi, err := os.Lstat(path)
+		switch {
+		case err != nil:
+			found = append(found, err.Error())
+		case !shimStateDirs[name] || !fi.IsDir():
+			found = append(found, "shim state "+path)
+		default:
+			for _, sub := range dirNames(path) {
+				found = append(found, "shim state "+filepath.Join(path, sub))
+			}
+		}
+	}
+	return found
 }
 
 // dirNames lists a directory; a missing directory is empty.
@@ -178,19 +202,33 @@ func unmountAll(dir string) error {
 	return errors.Join(errs...)
 }
 
-// kvmDomains lists libvirt domains (running or not) whose name starts with kvm-.
-func kvmDomains() (map[string]bool, error) {
-	out, err := exec.Command("virsh", "-c", "qemu:///system", "list", "--all", "--name").CombinedOutput()
+// ownDomains lists libvirt domains (running or not) named kvm-* whose XML
+// mentions dir: the shim puts each VM's disk overlay and console under its
+// state_dir, so this tells our VMs from anybody else's.
+func ownDomains(dir string) ([]string, error) {
+	out, err := virsh("list", "--all", "--name")
 	if err != nil {
-		return nil, fmt.Errorf("virsh list: %v: %s", err, out)
+		return nil, err
 	}
-	doms := map[string]bool{}
-	for _, name := range strings.Fields(string(out)) {
-		if strings.HasPrefix(name, "kvm-") {
-			doms[name] = true
+	var own []string
+	for _, name := range strings.Fields(out) {
+		if !strings.HasPrefix(name, "kvm-") {
+			continue
+		}
+		// A domain undefined since the listing is gone: not a leftover.
+		if xml, err := virsh("dumpxml", name); err == nil && strings.Contains(xml, dir+"/") {
+			own = append(own, name)
 		}
 	}
-	return doms, nil
+	return own, nil
+}
+
+func virsh(args ...string) (string, error) {
+	out, err := exec.Command("virsh", append([]string{"-c", "qemu:///system"}, args...)...).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("virsh %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
 }
 
 type process struct {
@@ -244,19 +282,11 @@ func (c *containerd) forceCleanup(t *testing.T) {
 			}
 		}
 	}
-	if doms, err := kvmDomains(); err == nil {
-		for d := range doms {
-			if c.suite.foreignDomains[d] {
-				continue
-			}
-			xml, _ := exec.Command("virsh", "-c", "qemu:///system", "dumpxml", d).Output()
-			if !strings.Contains(string(xml), c.suite.tmp) {
-				continue
-			}
-			t.Logf("cleanup: destroying libvirt domain %s", d)
-			_ = exec.Command("virsh", "-c", "qemu:///system", "destroy", d).Run()
-			_ = exec.Command("virsh", "-c", "qemu:///system", "undefine", d).Run()
-		}
+	doms, _ := ownDomains(c.ShimState)
+	for _, d := range doms {
+		t.Logf("cleanup: destroying libvirt domain %s", d)
+		_, _ = virsh("destroy", d)
+		_, _ = virsh("undefine", d)
 	}
 	// Shims exit on their own once their last task is deleted; give them the
 	// same time the leftover check gives them before killing.

@@ -42,9 +42,6 @@ type testSuite struct {
 	missing []string         // required archives not found
 
 	flavours []*containerd
-
-	// kvm-* libvirt domains that existed before this run: not ours.
-	foreignDomains map[string]bool
 }
 
 func TestMain(m *testing.M) {
@@ -111,12 +108,6 @@ func newSuite() (*testSuite, error) {
 	if len(s.missing) > 0 {
 		fmt.Fprintf(os.Stderr, "integration: missing guest images in %s: %s; build them with hack/guest/build.sh\n",
 			s.imagesDir, strings.Join(s.missing, ", "))
-	}
-	if s.foreignDomains, err = kvmDomains(); err != nil {
-		return s, err
-	}
-	for name := range s.foreignDomains {
-		fmt.Fprintf(os.Stderr, "integration: warning: libvirt domain %s existed before this run; ignored by leftover checks\n", name)
 	}
 
 	wanted := strings.Split(envOr("KVM_IT_FLAVOURS", "1.6,2.x"), ",")
