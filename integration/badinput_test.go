@@ -95,7 +95,7 @@ func TestCRIBadInput(t *testing.T) {
 					t.Fatalf("CreateContainer and StartContainer of %s succeeded, want an error", tc.name)
 				}
 				if m := missingWords(err.Error(), tc.want); len(m) > 0 {
-					t.Errorf("%s error lacks %q: %v", call, m, err)
+					t.Errorf("%s error lacks %q: %v%s", call, m, err, noCommandHint(err))
 				}
 				t.Logf("%s failed as wanted: %v", call, err)
 				if cid != "" {

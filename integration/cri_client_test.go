@@ -241,7 +241,7 @@ func (c *containerd) startPodContainer(t *testing.T, cl *criClient, name, handle
 	cfg := containerConfig("vm", image, nil)
 	cid, err := cl.createContainer(p, cfg)
 	if err != nil {
-		t.Fatalf("CreateContainer in pod %s: %v", name, err)
+		t.Fatalf("CreateContainer in pod %s: %v%s", name, err, noCommandHint(err))
 	}
 	ctx, cancel := criCtx()
 	defer cancel()
@@ -317,4 +317,14 @@ func (cl *criClient) waitStats(t *testing.T, id string) *cri.ContainerStats {
 	t.Logf("stats: cpu %d ns, memory working set %d bytes",
 		stats.Cpu.UsageCoreNanoSeconds.Value, stats.Memory.WorkingSetBytes.Value)
 	return stats
+}
+
+// noCommandHint explains CRI's "no command specified": kubelet passes the
+// pod spec's command, and CRI refuses a container when neither it nor the
+// image config (Entrypoint/Cmd) names one, even though a VM needs none.
+func noCommandHint(err error) string {
+	if err == nil || !strings.Contains(err.Error(), "no command specified") {
+		return ""
+	}
+	return "\n(the image config has no Entrypoint or Cmd; CRI requires one: the VM images need a nominal Cmd)"
 }
