@@ -11,16 +11,18 @@
 # Foreign image: Debian's "ipxe" package ships /usr/lib/ipxe/ipxe.iso, an
 # isohybrid ISO (ISOLINUX + iPXE, built by Debian from upstream iPXE), so it
 # boots through SeaBIOS as a plain hard disk on any bus. It was picked over
-# grub-rescue-pc (its hybrid ISO boots, but its menu entry fails when not
-# started as a CD-ROM) and memtest86+ (draws on VGA only, nothing on serial),
-# and debian-installer-*-netboot (130 MB, graphical menu that waits forever).
+# grub-rescue-pc (its hybrid ISO reaches the menu, but booted as a hard disk
+# the default entry fails: "unknown filesystem"), memtest86+ (draws on VGA
+# only, nothing on serial) and debian-installer-*-netboot (130 MB, graphical
+# menu that waits forever).
 # iPXE prints only through BIOS int 10h, so its lines appear on the serial
 # port only when SeaBIOS mirrors the screen there, which SeaBIOS does when
 # QEMU runs with graphics off (-nographic / -machine graphics=off, i.e. libvirt
 # <os><bios useserial='yes'/></os>). Then ttyS0 shows, in order:
 #   "Booting from Hard Disk...", "ISOLINUX 6.04 ...", "iPXE ISO boot image",
 #   "iPXE initialising devices...ok", "iPXE 1.0.0+git-20190125.36a4c85-5.1 -- Open Source Network Boot Firmware"
-# and then iPXE tries DHCP on every NIC and falls back to the next boot device.
+# and then iPXE tries DHCP on every NIC, falls back to the next boot device
+# and stops at "No bootable device.". iPXE ignores ACPI shutdown requests.
 #
 # Usage: hack/guest/build.sh        (no arguments; re-running is cheap: every
 #                                    output is rebuilt only when an input changed)
@@ -29,9 +31,10 @@
 #                      its modules must be in /lib/modules/<version>/
 #   SOURCE_DATE_EPOCH  timestamp for every file in the images (default 0)
 #
-# Host packages needed (installed here with apt-get when missing and root):
-#   golang-go (or any Go >= the go.mod version) linux-image-cloud-amd64
-#   busybox-static dosfstools mtools syslinux syslinux-common qemu-utils ipxe
+# Host packages needed: golang-go (or any Go >= the go.mod version) and
+# linux-image-cloud-amd64 must be there; busybox-static dosfstools mtools
+# syslinux syslinux-common qemu-utils ipxe are installed here with apt-get
+# when missing (as root).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -73,7 +76,10 @@ if ((${#missing[@]})); then
 		die "missing packages: ${missing[*]} (apt-get install -y --no-install-recommends ${missing[*]})"
 	fi
 	log "installing ${missing[*]}"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >&2
+	if ! DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >&2; then
+		apt-get update -qq >&2
+		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >&2
+	fi
 fi
 command -v go >/dev/null || die "go is not installed"
 # elf_has_interp FILE: true when the ELF64 FILE has a PT_INTERP program
@@ -294,7 +300,10 @@ if stale "$QCOW" "$KERNEL" "$INITRD" "$SYSLINUX_CFG" "$MBR" "$SELF"; then
 	truncate -s "${PART_MIB}M" "$D/part.img"
 	mkfs.vfat -F 16 -n KVMGUEST -i 4b564d47 --invariant -h "$START" "$D/part.img" >/dev/null
 	# Fixed, FAT-representable file times so the disk is reproducible.
-	SOURCE_DATE_EPOCH_FAT=${SOURCE_DATE_EPOCH:-315532800}
+	SOURCE_DATE_EPOCH_FAT=${SOURCE_DATE_EPOCH:-0}
+	if ((SOURCE_DATE_EPOCH_FAT < 315532800)); then # FAT dates start in 1980
+		SOURCE_DATE_EPOCH_FAT=315532800
+	fi
 	TZ=UTC SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH_FAT syslinux --install "$D/part.img"
 	TZ=UTC SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH_FAT MTOOLS_SKIP_CHECK=1 mcopy -o -i "$D/part.img" \
 		"$KERNEL" ::vmlinuz
