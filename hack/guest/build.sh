@@ -241,9 +241,14 @@ printf 'root:x:0:\ntty:x:5:\n' >"$STAGE/etc/group"
 "$MKCPIO" -root "$STAGE" -out "$INITRD.new" -node /dev/console:c:5:1:0600 -node /dev/null:c:1:3:0666
 replace "$INITRD.new" "$INITRD"
 
+# VM images get a nominal Cmd: CRI refuses to create a container when neither
+# the pod spec nor the image config names a command, although the shim boots
+# the VM and never executes it.
+VM_CMD=(-cmd /vm)
+
 # --- kernel image (direct kernel boot) ---------------------------------------
 
-pack localhost/kvm-guest/kernel:latest "$OUT/kernel.tar" \
+pack localhost/kvm-guest/kernel:latest "$OUT/kernel.tar" "${VM_CMD[@]}" \
 	-file "/boot/vmlinuz=$KERNEL:0644" \
 	-file "/boot/initrd.img=$INITRD:0644"
 
@@ -329,7 +334,7 @@ if stale "$QCOW" "$KERNEL" "$INITRD" "$SYSLINUX_CFG" "$MBR" "$SELF"; then
 	rm -rf "$D"
 fi
 
-pack localhost/kvm-guest/bios:latest "$OUT/bios.tar" \
+pack localhost/kvm-guest/bios:latest "$OUT/bios.tar" "${VM_CMD[@]}" \
 	-file "/disk/guest.qcow2=$QCOW:0644"
 
 # --- pause ------------------------------------------------------------------
@@ -340,7 +345,7 @@ pack localhost/kvm-guest/pause:latest "$OUT/pause.tar" \
 
 # --- foreign containerDisk (see the header for why iPXE) ----------------------
 
-pack localhost/kvm-guest/foreign:latest "$OUT/foreign.tar" \
+pack localhost/kvm-guest/foreign:latest "$OUT/foreign.tar" "${VM_CMD[@]}" \
 	-file "/disk/ipxe.img=/usr/lib/ipxe/ipxe.iso:0644"
 
 # --- bad containerDisks for negative tests ------------------------------------
@@ -363,14 +368,14 @@ if stale "$BAD/corrupt.qcow2" "$SELF"; then
 	mv -f "$BAD/corrupt.qcow2.new" "$BAD/corrupt.qcow2"
 fi
 
-pack localhost/kvm-guest/nodisk:latest "$OUT/nodisk.tar" \
+pack localhost/kvm-guest/nodisk:latest "$OUT/nodisk.tar" "${VM_CMD[@]}" \
 	-file "/disk/README=$BAD/README:0644"
-pack localhost/kvm-guest/twodisks:latest "$OUT/twodisks.tar" \
+pack localhost/kvm-guest/twodisks:latest "$OUT/twodisks.tar" "${VM_CMD[@]}" \
 	-file "/disk/a.qcow2=$BAD/a.qcow2:0644" \
 	-file "/disk/b.raw=$BAD/b.raw:0644"
-pack localhost/kvm-guest/escape:latest "$OUT/escape.tar" \
+pack localhost/kvm-guest/escape:latest "$OUT/escape.tar" "${VM_CMD[@]}" \
 	-symlink /disk/guest.qcow2=../../../../etc/shadow
-pack localhost/kvm-guest/corrupt:latest "$OUT/corrupt.tar" \
+pack localhost/kvm-guest/corrupt:latest "$OUT/corrupt.tar" "${VM_CMD[@]}" \
 	-file "/disk/guest.qcow2=$BAD/corrupt.qcow2:0644"
 
 log "images in $OUT:"
