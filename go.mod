@@ -17,6 +17,7 @@ require (
 	github.com/digitalocean/go-libvirt v0.0.0-00010101000000-000000000000
 	github.com/opencontainers/runtime-spec v1.1.0
 	github.com/pelletier/go-toml/v2 v2.2.2
+	golang.org/x/crypto v0.52.0
 	golang.org/x/sys v0.49.0
 	google.golang.org/grpc v1.59.0
 	google.golang.org/protobuf v1.35.2
@@ -42,6 +43,8 @@ require (
 	github.com/opencontainers/image-spec v1.1.0 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
 	github.com/sirupsen/logrus v1.10.2 // indirect
+	github.com/vishvananda/netlink v1.3.1 // indirect
+	github.com/vishvananda/netns v0.0.5 // indirect
 	go.opencensus.io v0.24.0 // indirect
 	golang.org/x/net v0.55.0 // indirect
 	golang.org/x/sync v0.20.0 // indirect

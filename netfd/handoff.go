@@ -1,0 +1,281 @@
+package netfd
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+)
+
+// SocketDir holds one socket per VM with a network, named <domain>.sock.
+// It is owned by the QEMU user and closed to everyone else; the emulator
+// wrapper, which libvirt runs as that user, connects to it by the domain
+// name it finds in its own command line.
+const SocketDir = "/run/containerd-shim-kvm-v1/netfd"
+
+// SocketPath is where the shim serves the descriptors of a domain.
+func SocketPath(dir, domain string) string { return filepath.Join(dir, domain+".sock") }
+
+// Grant is sent with the descriptors: what the wrapper appends to QEMU's
+// command line. The descriptors follow in order: Queues TAP queues, then
+// VhostFDs vhost-net descriptors (0 or Queues).
+type Grant struct {
+	QEMU     string `json:"qemu"` // the real emulator to exec
+	NetdevID string `json:"netdevID"`
+	MAC      string `json:"mac"`
+	Queues   int    `json:"queues"`
+	VhostFDs int    `json:"vhostFDs"`
+	Bus      string `json:"bus"`  // e.g. pcie.0
+	Addr     string `json:"addr"` // a PCI slot libvirt leaves free, e.g. 0x10
+}
+
+// QEMUArgs returns the -netdev and -device arguments for the received
+// descriptor numbers.
+func (g Grant) QEMUArgs(tapFDs, vhostFDs []int) []string {
+	netdev := []string{"tap", "id=" + g.NetdevID, "fds=" + joinInts(tapFDs)}
+	if len(vhostFDs) > 0 {
+		netdev = append(netdev, "vhost=on", "vhostfds="+joinInts(vhostFDs))
+	}
+	dev := []string{"virtio-net-pci", "netdev=" + g.NetdevID, "id=" + g.NetdevID + "-dev", "mac=" + g.MAC,
+		"bus=" + g.Bus, "addr=" + g.Addr}
+	if len(tapFDs) > 1 {
+		// Two vectors per queue pair plus config and control.
+		dev = append(dev, "mq=on", "vectors="+strconv.Itoa(2*len(tapFDs)+2))
+	}
+	return []string{"-netdev", strings.Join(netdev, ","), "-device", strings.Join(dev, ",")}
+}
+
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, n := range v {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ":")
+}
+
+// Provider opens the descriptors for one connection of the VM's wrapper.
+// The server closes them once sent.
+type Provider func() (g Grant, tap, vhost []*os.File, err error)
+
+// Server hands a VM's network descriptors to that VM's emulator wrapper,
+// and to nobody else: the peer must run as the QEMU user, be the process
+// libvirt started for the domain (its pid file, when libvirt has written
+// it), and carry the domain's name on its command line.
+type Server struct {
+	domain  string
+	path    string
+	qemuUID int
+	pidDir  string
+	provide Provider
+	l       *net.UnixListener
+	wg      sync.WaitGroup
+}
+
+// Serve listens at SocketPath(dir, domain) until Close. It serves every
+// connection, so a restarted domain gets fresh descriptors.
+func Serve(ctx context.Context, dir, domain string, qemuUID, qemuGID int, pidDir string, provide Provider) (*Server, error) {
+	// The parent only needs to be searchable; the socket dir is the QEMU
+	// user's alone.
+	if err := os.MkdirAll(filepath.Dir(dir), 0o711); err != nil {
+		return nil, fmt.Errorf("create %s: %w", filepath.Dir(dir), err)
+	}
+	if err := os.Chmod(filepath.Dir(dir), 0o711); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create %s: %w", dir, err)
+	}
+	if err := os.Chown(dir, qemuUID, qemuGID); err != nil {
+		return nil, fmt.Errorf("give %s to the QEMU user: %w", dir, err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return nil, err
+	}
+	path := SocketPath(dir, domain)
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("remove stale %s: %w", path, err)
+	}
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	if err := os.Chown(path, qemuUID, qemuGID); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("give %s to the QEMU user: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return nil, err
+	}
+	s := &Server{domain: domain, path: path, qemuUID: qemuUID, pidDir: pidDir, provide: provide, l: l}
+	s.wg.Add(1)
+	go s.accept(ctx)
+	return s, nil
+}
+
+// Close stops serving and removes the socket.
+func (s *Server) Close() error {
+	err := s.l.Close()
+	s.wg.Wait()
+	if rerr := os.Remove(s.path); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+		err = errors.Join(err, rerr)
+	}
+	if errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+func (s *Server) accept(ctx context.Context) {
+	defer s.wg.Done()
+	for {
+		c, err := s.l.AcceptUnix()
+		if err != nil {
+			return
+		}
+		if err := s.serve(c); err != nil {
+			log.G(ctx).WithError(err).WithField("vm", s.domain).Warn("refused network descriptors")
+		}
+		c.Close()
+	}
+}
+
+func (s *Server) serve(c *net.UnixConn) error {
+	if err := s.authorize(c); err != nil {
+		return err
+	}
+	g, tap, vhost, err := s.provide()
+	if err != nil {
+		return err
+	}
+	defer closeFiles(tap)
+	defer closeFiles(vhost)
+	g.Queues, g.VhostFDs = len(tap), len(vhost)
+	hdr, err := json.Marshal(g)
+	if err != nil {
+		return err
+	}
+	var fds []int
+	for _, f := range append(append([]*os.File{}, tap...), vhost...) {
+		fds = append(fds, int(f.Fd()))
+	}
+	if _, _, err := c.WriteMsgUnix(hdr, unix.UnixRights(fds...), nil); err != nil {
+		return fmt.Errorf("send descriptors: %w", err)
+	}
+	return nil
+}
+
+// authorize checks who is on the other end of c.
+func (s *Server) authorize(c *net.UnixConn) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return fmt.Errorf("peer credentials: %w", cerr)
+	}
+	if int(cred.Uid) != s.qemuUID {
+		return fmt.Errorf("peer pid %d runs as uid %d, not the QEMU user %d", cred.Pid, cred.Uid, s.qemuUID)
+	}
+	if b, err := os.ReadFile(filepath.Join(s.pidDir, s.domain+".pid")); err == nil {
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid != int(cred.Pid) {
+			return fmt.Errorf("peer pid %d is not the process libvirt started for %s (pid %d)", cred.Pid, s.domain, pid)
+		}
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", cred.Pid))
+	if err != nil {
+		return fmt.Errorf("read command line of peer pid %d: %w", cred.Pid, err)
+	}
+	if DomainFromArgs(strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")) != s.domain {
+		return fmt.Errorf("peer pid %d does not name domain %s on its command line", cred.Pid, s.domain)
+	}
+	return nil
+}
+
+// DomainFromArgs finds the domain name in a QEMU command line as libvirt
+// writes it: -name guest=<name>,debug-threads=on (commas in the name are
+// doubled).
+func DomainFromArgs(args []string) string {
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] != "-name" {
+			continue
+		}
+		v := args[i+1]
+		rest, ok := strings.CutPrefix(v, "guest=")
+		if !ok {
+			return strings.SplitN(v, ",", 2)[0]
+		}
+		var b strings.Builder
+		for j := 0; j < len(rest); j++ {
+			if rest[j] == ',' {
+				if j+1 < len(rest) && rest[j+1] == ',' {
+					b.WriteByte(',')
+					j++
+					continue
+				}
+				break
+			}
+			b.WriteByte(rest[j])
+		}
+		return b.String()
+	}
+	return ""
+}
+
+// Fetch is the wrapper's side: it connects to the domain's socket and
+// receives the grant and the descriptors, made inheritable for exec.
+func Fetch(path string) (Grant, []int, []int, error) {
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return Grant{}, nil, nil, fmt.Errorf("connect to %s: %w", path, err)
+	}
+	defer c.Close()
+	buf := make([]byte, 4096)
+	oob := make([]byte, unix.CmsgSpace(4*64))
+	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return Grant{}, nil, nil, fmt.Errorf("receive descriptors: %w", err)
+	}
+	var fds []int
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil {
+		return Grant{}, nil, nil, fmt.Errorf("parse descriptors: %w", err)
+	}
+	for _, m := range msgs {
+		got, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			return Grant{}, nil, nil, fmt.Errorf("parse descriptors: %w", err)
+		}
+		fds = append(fds, got...)
+	}
+	var g Grant
+	if err := json.Unmarshal(buf[:n], &g); err != nil {
+		return Grant{}, nil, nil, fmt.Errorf("parse grant: %w", err)
+	}
+	if g.Queues < 1 || len(fds) != g.Queues+g.VhostFDs {
+		return Grant{}, nil, nil, fmt.Errorf("got %d descriptors for %d queues and %d vhost", len(fds), g.Queues, g.VhostFDs)
+	}
+	for _, fd := range fds {
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, 0); err != nil {
+			return Grant{}, nil, nil, fmt.Errorf("make descriptor %d inheritable: %w", fd, err)
+		}
+	}
+	return g, fds[:g.Queues], fds[g.Queues:], nil
+}

@@ -1,0 +1,268 @@
+package netfd
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+var nsCount int
+
+// podNetns makes a fresh named network namespace for one test, with the
+// links that setup adds, and removes it afterwards.
+func podNetns(t *testing.T, setup func(h *netlink.Handle) error) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create network namespaces")
+	}
+	nsCount++
+	name := fmt.Sprintf("kvmshim-test-%d-%d", os.Getpid(), nsCount)
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		origin, err := netns.Get()
+		if err != nil {
+			errc <- err
+			return
+		}
+		ns, err := netns.NewNamed(name)
+		if err != nil {
+			errc <- err
+			return
+		}
+		ns.Close()
+		if err := netns.Set(origin); err != nil {
+			errc <- err // thread stays locked and dies
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- nil
+	}()
+	if err := <-errc; err != nil {
+		t.Fatalf("create netns: %v", err)
+	}
+	t.Cleanup(func() { _ = netns.DeleteNamed(name) })
+	path := filepath.Join("/var/run/netns", name)
+	if setup != nil {
+		if err := inNetns(path, setup); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return path
+}
+
+// cniLike adds what a CNI plugin leaves: a veth eth0 (its peer in a
+// namespace of its own) with an address, up, and a default route.
+func cniLike(t *testing.T, name, mac string) func(h *netlink.Handle) error {
+	peerNS := podNetns(t, nil)
+	return func(h *netlink.Handle) error {
+		hw, _ := net.ParseMAC(mac)
+		peer, err := netns.GetFromPath(peerNS)
+		if err != nil {
+			return err
+		}
+		defer peer.Close()
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name, MTU: 1450, HardwareAddr: hw}, PeerName: "peer0", PeerNamespace: netlink.NsFd(peer)}
+		if err := h.LinkAdd(veth); err != nil {
+			return err
+		}
+		l, err := h.LinkByName(name)
+		if err != nil {
+			return err
+		}
+		addr, _ := netlink.ParseAddr("10.77.0.5/24")
+		if err := h.AddrAdd(l, addr); err != nil {
+			return err
+		}
+		if err := h.LinkSetUp(l); err != nil {
+			return err
+		}
+		return h.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.ParseIP("10.77.0.1")})
+	}
+}
+
+func TestInspect(t *testing.T) {
+	path := podNetns(t, cniLike(t, "eth0", "02:42:0a:4d:00:05"))
+	pn, err := Inspect(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pn.Interface != "eth0" || pn.MAC.String() != "02:42:0a:4d:00:05" || pn.MTU != 1450 {
+		t.Errorf("got %+v", pn)
+	}
+	if len(pn.Addrs) != 1 || pn.Addrs[0] != netip.MustParsePrefix("10.77.0.5/24") {
+		t.Errorf("addrs %v", pn.Addrs)
+	}
+	if gw, ok := pn.Gateway(); !ok || gw != netip.MustParseAddr("10.77.0.1") {
+		t.Errorf("gateway %v %v (routes %v)", gw, ok, pn.Routes)
+	}
+}
+
+func TestInspectErrors(t *testing.T) {
+	if _, err := Inspect("/var/run/netns/does-not-exist"); !errdefs.IsNotFound(err) || !strings.Contains(err.Error(), "does-not-exist") {
+		t.Errorf("missing netns: %v", err)
+	}
+	empty := podNetns(t, nil)
+	if _, err := Inspect(empty); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "no CNI interface") {
+		t.Errorf("no interface: %v", err)
+	}
+	two := podNetns(t, func(h *netlink.Handle) error {
+		if err := cniLike(t, "eth0", "02:00:00:00:00:01")(h); err != nil {
+			return err
+		}
+		return h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth1"}, PeerName: "eth2"})
+	})
+	if _, err := Inspect(two); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "eth0") || !strings.Contains(err.Error(), "eth1") {
+		t.Errorf("two interfaces: %v", err)
+	}
+}
+
+func TestTAPLifecycle(t *testing.T) {
+	path := podNetns(t, cniLike(t, "eth0", "02:42:0a:4d:00:05"))
+	tap := TAP{Name: TAPPrefix + "0", Queues: 2, VNetHdr: true, MTU: 1450}
+	if err := CreateTAP(path, tap); err != nil {
+		t.Fatal(err)
+	}
+	// The TAP persists without descriptors and can be reopened per queue.
+	files, err := OpenQueues(path, tap, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeFiles(files)
+	created, err := Wire(path, "eth0", tap.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !created {
+		t.Error("Wire did not report creating eth0's ingress qdisc")
+	}
+	err = inNetns(path, func(h *netlink.Handle) error {
+		l, err := h.LinkByName(tap.Name)
+		if err != nil {
+			return err
+		}
+		if l.Attrs().MTU != 1450 || l.Attrs().Flags&net.FlagUp == 0 {
+			t.Errorf("TAP attrs %+v", l.Attrs())
+		}
+		for _, name := range []string{"eth0", tap.Name} {
+			link, _ := h.LinkByName(name)
+			fs, err := h.FilterList(link, netlink.HANDLE_MIN_INGRESS)
+			if err != nil {
+				return err
+			}
+			if len(fs) != 1 || fs[0].Attrs().Priority != filterPrio {
+				t.Errorf("filters on %s: %v", name, fs)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The pod interface is the only one Inspect sees, the TAP is ignored.
+	if pn, err := Inspect(path); err != nil || pn.Interface != "eth0" {
+		t.Errorf("inspect with TAP: %+v, %v", pn, err)
+	}
+	if err := Unwire(path, "eth0", created); err != nil {
+		t.Fatal(err)
+	}
+	if err := DeleteTAP(path, tap.Name); err != nil {
+		t.Fatal(err)
+	}
+	err = inNetns(path, func(h *netlink.Handle) error {
+		if _, err := h.LinkByName(tap.Name); err == nil {
+			t.Error("TAP still there")
+		}
+		l, _ := h.LinkByName("eth0")
+		qs, _ := h.QdiscList(l)
+		for _, q := range qs {
+			if q.Type() == "ingress" {
+				t.Error("ingress qdisc left on eth0")
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Teardown twice, and of a gone namespace, is fine.
+	if err := DeleteTAP(path, tap.Name); err != nil {
+		t.Error(err)
+	}
+	if err := Unwire("/var/run/netns/gone", "eth0", true); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestUnwireKeepsForeignQdisc(t *testing.T) {
+	path := podNetns(t, cniLike(t, "eth0", "02:42:0a:4d:00:05"))
+	err := inNetns(path, func(h *netlink.Handle) error {
+		l, _ := h.LinkByName("eth0")
+		return h.QdiscAdd(ingress(l))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tap := TAP{Name: TAPPrefix + "1", Queues: 1, MTU: 1450}
+	if err := CreateTAP(path, tap); err != nil {
+		t.Fatal(err)
+	}
+	created, err := Wire(path, "eth0", tap.Name)
+	if err != nil || created {
+		t.Fatalf("wire: created=%v, %v", created, err)
+	}
+	if err := Unwire(path, "eth0", created); err != nil {
+		t.Fatal(err)
+	}
+	_ = inNetns(path, func(h *netlink.Handle) error {
+		l, _ := h.LinkByName("eth0")
+		qs, _ := h.QdiscList(l)
+		found := false
+		for _, q := range qs {
+			found = found || q.Type() == "ingress"
+		}
+		if !found {
+			t.Error("the qdisc that was there before was removed")
+		}
+		fs, _ := h.FilterList(l, netlink.HANDLE_MIN_INGRESS)
+		if len(fs) != 0 {
+			t.Errorf("our filter left: %v", fs)
+		}
+		return nil
+	})
+}
+
+func TestDomainFromArgs(t *testing.T) {
+	cases := map[string][]string{
+		"kvm-a-b-1": {"-name", "guest=kvm-a-b-1,debug-threads=on", "-S"},
+		"a,b":       {"-name", "guest=a,,b,debug-threads=on"},
+		"legacy":    {"-name", "legacy"},
+		"":          {"-machine", "none", "-qmp", "unix:/x"},
+	}
+	for want, args := range cases {
+		if got := DomainFromArgs(args); got != want {
+			t.Errorf("%v: got %q, want %q", args, got, want)
+		}
+	}
+}
+
+func TestGrantArgs(t *testing.T) {
+	g := Grant{NetdevID: "kvmnet0", MAC: "02:42:0a:4d:00:05", Bus: "pcie.0", Addr: "0x10"}
+	got := strings.Join(g.QEMUArgs([]int{3, 4}, []int{5, 6}), " ")
+	want := "-netdev tap,id=kvmnet0,fds=3:4,vhost=on,vhostfds=5:6 -device virtio-net-pci,netdev=kvmnet0,id=kvmnet0-dev,mac=02:42:0a:4d:00:05,bus=pcie.0,addr=0x10,mq=on,vectors=6"
+	if got != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+	if got := strings.Join(g.QEMUArgs([]int{3}, nil), " "); strings.Contains(got, "vhost") || strings.Contains(got, "mq=on") {
+		t.Errorf("single queue without vhost: %s", got)
+	}
+}
