@@ -24,6 +24,7 @@ const (
 	runcRuntime = "io.containerd.runc.v2"
 	shimBinary  = "containerd-shim-kvm-v1"
 	cniBinDir   = "/usr/lib/cni"
+	cniNetwork  = "kvmtest"
 )
 
 // flavour is one containerd release line the shim must work with.
@@ -156,7 +157,7 @@ imports = []
 // cniConfList is the private pod network: a bridge only on this machine.
 const cniConfList = `{
   "cniVersion": "1.0.0",
-  "name": "kvmtest",
+  "name": {{printf "%q" .CNINetwork}},
   "plugins": [
     {
       "type": "bridge",
@@ -199,6 +200,7 @@ type containerd struct {
 	SandboxImage string
 	CNIBinDir    string
 	CNIConfDir   string
+	CNINetwork   string
 	IPAMDir      string
 	Bridge       string
 	Subnet       string
@@ -226,6 +228,7 @@ func startContainerd(s *testSuite, f flavour) (*containerd, error) {
 		SandboxImage: sandboxImage,
 		CNIBinDir:    cniBinDir,
 		CNIConfDir:   filepath.Join(dir, "cni", "net.d"),
+		CNINetwork:   cniNetwork,
 		IPAMDir:      filepath.Join(dir, "cni", "ipam"),
 		Bridge:       f.bridge,
 		Subnet:       f.subnet,

@@ -58,6 +58,8 @@ func assertNothingLeft(t *testing.T, c *containerd, ids ...shimID) {
 //   - no libvirt domain named kvm-* that belongs to this containerd's shim
 //     (its XML names the shim's state_dir; other people's VMs on the same
 //     libvirtd are not ours to judge);
+//   - no pod IP still reserved in the private CNI network's host-local store
+//     (CNI DEL ran for every pod);
 //   - no containerd-shim-* process started with -address of this containerd;
 //   - no shim socket for the given ids under /run/containerd/s.
 func (c *containerd) leftovers(ids []shimID) []string {
@@ -78,6 +80,12 @@ func (c *containerd) leftovers(ids []shimID) []string {
 		found = append(found, "mount "+m)
 	}
 	found = append(found, stateDirLeftovers(c.ShimState)...)
+	ipam := filepath.Join(c.IPAMDir, cniNetwork)
+	for _, name := range dirNames(ipam) {
+		if name != "lock" && !strings.HasPrefix(name, "last_reserved_ip.") {
+			found = append(found, "pod IP still reserved: "+filepath.Join(ipam, name))
+		}
+	}
 	if doms, err := ownDomains(c.ShimState); err != nil {
 		found = append(found, err.Error())
 	} else {

@@ -21,6 +21,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -53,6 +54,13 @@ func runMain(m *testing.M) int {
 		skipReason = "integration tests need root (containerd, mounts, libvirt qemu:///system)"
 		return m.Run()
 	}
+	// The CNI bridges and subnets are fixed names on this host: one run at a time.
+	unlock, err := lockHost()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "integration: %v\n", err)
+		return 1
+	}
+	defer unlock()
 	s, err := newSuite()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "integration: setup failed: %v\n", err)
@@ -205,6 +213,25 @@ func (s *testSuite) forEachFlavour(t *testing.T, f func(t *testing.T, c *contain
 			f(t, c)
 		})
 	}
+}
+
+// hostLock serialises integration runs on this host.
+const hostLock = "/run/kvm-shim-integration.lock"
+
+// lockHost takes hostLock, waiting while another run holds it.
+func lockHost() (unlock func(), err error) {
+	f, err := os.OpenFile(hostLock, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		fmt.Fprintf(os.Stderr, "integration: waiting for another integration run to release %s\n", hostLock)
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", hostLock, err)
+		}
+	}
+	return func() { f.Close() }, nil
 }
 
 func envOr(key, def string) string {

@@ -4,6 +4,7 @@ package integration
 
 import (
 	"net"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -145,6 +146,10 @@ func TestHarnessCRIRunc(t *testing.T) {
 		_, subnet, _ := net.ParseCIDR(c.Subnet)
 		if ip := net.ParseIP(st.Status.GetNetwork().GetIp()); ip == nil || !subnet.Contains(ip) {
 			t.Errorf("pod IP %q, want one in %s", st.Status.GetNetwork().GetIp(), c.Subnet)
+		}
+		want := "pod IP still reserved: " + filepath.Join(c.IPAMDir, cniNetwork, st.Status.GetNetwork().GetIp())
+		if found := strings.Join(c.leftovers(nil), "\n"); !strings.Contains(found, want) {
+			t.Errorf("leftovers while the pod runs lack %q; got:\n%s", want, found)
 		}
 
 		cl.waitStats(t, v.cid)
