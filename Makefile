@@ -4,6 +4,8 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 PREFIX   ?= /usr/local
 BIN      := _output/bin/containerd-shim-kvm-v1
+WRAPPER  := _output/bin/kvm-qemu-wrapper
+LIBEXEC  ?= $(PREFIX)/libexec/containerd-shim-kvm-v1
 LDFLAGS  := -s -w -X main.version=$(VERSION) -X main.revision=$(REVISION)
 GO       ?= go
 # Integration tests boot real VMs under TCG; give them room.
@@ -15,11 +17,13 @@ INTEGRATION_RUN     ?= .
 help: ## Show this help
 	@awk 'BEGIN{FS=":.*## "} /^[a-z-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-build: ## Build the static shim binary into _output/bin
+build: ## Build the static shim and emulator wrapper binaries into _output/bin
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/containerd-shim-kvm-v1
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(WRAPPER) ./cmd/kvm-qemu-wrapper
 
 install: build ## Install the shim to $(PREFIX)/bin and a default config (kept if present)
 	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/containerd-shim-kvm-v1
+	install -D -m 0755 $(WRAPPER) $(DESTDIR)$(LIBEXEC)/kvm-qemu-wrapper
 	@if [ ! -e $(DESTDIR)/etc/containerd-shim-kvm-v1/config.toml ]; then \
 		install -D -m 0644 config.example.toml $(DESTDIR)/etc/containerd-shim-kvm-v1/config.toml; \
 		echo "installed /etc/containerd-shim-kvm-v1/config.toml"; fi

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"github.com/containerd/log"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
 
@@ -20,6 +22,20 @@ type host struct {
 	events <-chan vm.Event
 	close  func() error
 	layout layout
+
+	// The QEMU user, the only one allowed to fetch network descriptors
+	// from sockets under fdSocketDir.
+	qemuUID, qemuGID int
+	fdSocketDir      string
+
+	warned sync.Map // what warnOnce already said
+}
+
+// warnOnce logs a warning the first time key comes up in this shim.
+func (h *host) warnOnce(key, msg string) {
+	if _, seen := h.warned.LoadOrStore(key, true); !seen {
+		log.L.Warn(msg)
+	}
 }
 
 // domains is what the VM tasks need of libvirt; *vm.Conn in production,
@@ -61,11 +77,18 @@ func newHost(ctx context.Context, cfg Config, kvm vm.KVMInfo) (*host, error) {
 	if err := checkSearchable(l.root); err != nil {
 		return nil, err
 	}
+	uid, gid, err := lookupQEMUUser(cfg.QEMUUser)
+	if err != nil {
+		return nil, err
+	}
 	conn, err := vm.Connect(ctx, cfg.LibvirtSocket)
 	if err != nil {
 		return nil, err
 	}
-	return &host{cfg: cfg, accel: accel, conn: conn, events: conn.Events(), close: conn.Close, layout: l}, nil
+	return &host{
+		cfg: cfg, accel: accel, conn: conn, events: conn.Events(), close: conn.Close, layout: l,
+		qemuUID: uid, qemuGID: gid, fdSocketDir: netfd.SocketDir,
+	}, nil
 }
 
 // checkSearchable makes sure QEMU, which runs as an unprivileged user, can

@@ -138,6 +138,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 	if spec.Annotations[annContainerType] == "sandbox" {
 		t, err = createSandboxTask(layout{root: cfg.StateDir}, req, ident, s.events.send)
 	} else {
+		req.netns = podNetns(spec, s.sandboxNetns(ident.SandboxID))
 		var h *host
 		if h, err = s.vmHost(ctx, cfg); err == nil {
 			t, err = createVMTask(ctx, h, req, ident, s.events.send)
@@ -395,6 +396,17 @@ func (s *service) vmTasks(domain string) []*vmTask {
 		}
 	}
 	return out
+}
+
+// sandboxNetns is the network namespace recorded by the pod's sandbox
+// task, if this shim serves it.
+func (s *service) sandboxNetns(sandboxID string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sb, ok := s.tasks[sandboxID].(*sandboxTask); ok && sandboxID != "" {
+		return sb.netns
+	}
+	return ""
 }
 
 func (s *service) podHasVMs(podUID string) bool {

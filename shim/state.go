@@ -37,6 +37,9 @@ type taskRecord struct {
 	// KeepOverlay: the overlay is per-pod data and outlives the task.
 	KeepOverlay bool `json:"keepOverlay,omitempty"`
 
+	// Network: the TAP and tc wiring in the pod namespace.
+	Network *vmNetwork `json:"network,omitempty"`
+
 	// Pod membership (sandbox and VM tasks of a CRI pod).
 	PodUID string `json:"podUID,omitempty"`
 }

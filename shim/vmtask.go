@@ -18,6 +18,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
 
@@ -28,7 +29,8 @@ type vmTask struct {
 	rec     taskRecord
 	publish func(any)
 
-	console *console // guarded by mu
+	console  *console      // guarded by mu
+	fdServer *netfd.Server // hands the VM's network descriptors to its QEMU; nil without network
 }
 
 // createRequest is the part of a task create the VM needs.
@@ -37,6 +39,7 @@ type createRequest struct {
 	rootfs     []mount.Mount
 	stdio      stdio
 	spec       *specs.Spec
+	netns      string // the pod's network namespace; "" for no network
 }
 
 // createVMTask validates the request, then prepares and defines the
@@ -117,6 +120,27 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 			ContainerName: ident.ContainerName, StateDir: vmDir,
 		},
 	}
+	var fdServer *netfd.Server
+	if r.netns != "" {
+		n, pn, srv, err := setupNetwork(ctx, h, r.netns, name, ident.runtimeKey(), vcpus, &undo)
+		if err != nil {
+			return nil, err
+		}
+		fdServer, rec.Network = srv, n
+		if err := writeRecord(r.bundle, &rec); err != nil {
+			return nil, fmt.Errorf("write task record: %w", err)
+		}
+		spec.Emulator = h.cfg.QEMUWrapper
+		if src.Kernel != "" {
+			dns, _, err := netfd.ReadResolvConf(resolvConf(r.spec))
+			if err != nil {
+				log.G(ctx).WithError(err).Warn("read the pod's resolv.conf")
+			}
+			if arg := ipKernelArg(pn, dns, hostname(ident)); arg != "" {
+				cmdline += " " + arg
+			}
+		}
+	}
 	if src.Disk != "" {
 		disk, err := prepareDisk(ctx, h, rootfs, src.Disk, vmDir, rec.Overlay, &undo)
 		if err != nil {
@@ -142,7 +166,15 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 
 	log.G(ctx).WithField("vm", name).WithField("accel", h.accel).
 		WithField("vcpus", vcpus).WithField("memoryMiB", memMiB).Info("defined VM")
-	return &vmTask{proc: newProc(r.id, r.bundle, r.stdio), h: h, rec: rec, publish: publish}, nil
+	return &vmTask{proc: newProc(r.id, r.bundle, r.stdio), h: h, rec: rec, publish: publish, fdServer: fdServer}, nil
+}
+
+// hostname is the guest's hostname: the pod's name, else the container id.
+func hostname(ident vmIdentity) string {
+	if ident.PodName != "" {
+		return namePart(ident.PodName, 63)
+	}
+	return namePart(ident.ContainerID, 63)
 }
 
 // takeOverDomainName makes sure name is free for container id: a stopped
@@ -389,13 +421,28 @@ func (t *vmTask) delete(ctx context.Context) error {
 		return fmt.Errorf("delete %s: task is %s; kill it first: %w", t.id, t.status, errdefs.ErrFailedPrecondition)
 	}
 	t.setExitedLocked(t.exitStatus)
-	c := t.console
-	t.console = nil
+	c, srv := t.console, t.fdServer
+	t.console, t.fdServer = nil, nil
 	t.mu.Unlock()
 	if c != nil {
 		c.close()
 	}
+	if srv != nil {
+		_ = srv.Close()
+	}
 	return releaseVM(ctx, t.h.conn, &t.rec, t.bundle)
+}
+
+// removeFDSocket removes the socket a VM's wrapper fetches descriptors
+// from (it is named after the domain; a dead shim left it behind).
+func removeFDSocket(rec *taskRecord) error {
+	if rec.Network == nil {
+		return nil
+	}
+	if err := os.Remove(netfd.SocketPath(netfd.SocketDir, rec.Domain)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // releaseVM undoes everything a VM task made, as written in its record:
@@ -409,6 +456,7 @@ func releaseVM(ctx context.Context, conn domains, rec *taskRecord, bundle string
 		m, err := conn.Metadata(rec.Domain)
 		switch {
 		case errdefs.IsNotFound(err):
+			errs = append(errs, removeFDSocket(rec))
 		case err != nil:
 			errs = append(errs, err)
 		case m.ContainerID != rec.ID:
@@ -420,8 +468,10 @@ func releaseVM(ctx context.Context, conn domains, rec *taskRecord, bundle string
 				}
 			}
 			errs = append(errs, conn.Undefine(rec.Domain))
+			errs = append(errs, removeFDSocket(rec))
 		}
 	}
+	errs = append(errs, teardownNetwork(rec.Network))
 	if rec.VMDir != "" {
 		bases, _ := filepath.Glob(filepath.Join(rec.VMDir, "base.*"))
 		unmounted := true

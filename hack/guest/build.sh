@@ -227,6 +227,7 @@ for applet in $(/bin/busybox --list-full); do
 	ln -sf /bin/busybox "$STAGE/$applet"
 done
 install -m 0755 hack/guest/init "$STAGE/init"
+install -m 0755 hack/guest/kvm-guest-probe "$STAGE/bin/kvm-guest-probe"
 for m in "${MODULES[@]}"; do
 	cp "${MODFILE[$m]}" "$STAGE/lib/modules/$KVER/$m.ko"
 done
