@@ -14,6 +14,7 @@ import (
 
 	"github.com/pelletier/go-toml/v2"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
 
@@ -86,13 +87,22 @@ func Check(ctx context.Context, w io.Writer, args []string) int {
 		add(checkOK, tool.name, "%s", strings.SplitN(strings.TrimSpace(string(out)), "\n", 2)[0])
 	}
 
-	for _, dev := range []string{"/dev/net/tun", "/dev/vhost-net"} {
-		if f, err := os.OpenFile(dev, os.O_RDWR, 0); err != nil {
-			add(checkWarn, filepath.Base(dev), "%v (needed for pod networking)", err)
-		} else {
-			f.Close()
-			add(checkOK, filepath.Base(dev), "%s opens", dev)
-		}
+	if vnetHdr, mq, err := netfd.Features(); err != nil {
+		add(checkFail, "tun", "/dev/net/tun: %v (needed for pod networking)", err)
+	} else if !vnetHdr || !mq {
+		add(checkWarn, "tun", "/dev/net/tun lacks IFF_VNET_HDR (%v) or IFF_MULTI_QUEUE (%v)", vnetHdr, mq)
+	} else {
+		add(checkOK, "tun", "/dev/net/tun with IFF_VNET_HDR and IFF_MULTI_QUEUE")
+	}
+	if ok, why := netfd.VhostAvailable(); ok {
+		add(checkOK, "vhost-net", "%s opens (used by KVM guests)", netfd.VhostNetPath)
+	} else {
+		add(checkWarn, "vhost-net", "%s; KVM guests fall back to userspace virtio-net (try modprobe vhost_net)", why)
+	}
+	if _, err := os.Stat(cfg.QEMUWrapper); err != nil {
+		add(checkFail, "wrapper", "qemu_wrapper %v (make install puts it there)", err)
+	} else {
+		add(checkOK, "wrapper", "%s", cfg.QEMUWrapper)
 	}
 
 	nodes, _ := filepath.Glob("/sys/devices/system/node/node[0-9]*")
