@@ -190,7 +190,7 @@ func (l *ledger) capacity(n *nodeLoad, mode Mode) (vcpus int, memBytes float64) 
 	if mode == ModeDedicated {
 		return len(n.usable) - n.housekeeping, memBytes
 	}
-	return int(math.Floor(l.p.CPUThreshold*float64(len(n.usable))*(1+1e-9))), memBytes
+	return int(math.Floor(l.p.CPUThreshold * float64(len(n.usable)) * (1 + 1e-9))), memBytes
 }
 
 func (l *ledger) fitsEmpty(mode Mode, vcpus int, memMiB int64) bool {
