@@ -40,7 +40,6 @@ type testSuite struct {
 
 	shimErr error            // why the shim could not be built, if it could not
 	images  map[string]image // archives found, by short name
-	missing []string         // required archives not found
 
 	flavours []*containerd
 }
@@ -91,16 +90,16 @@ func newSuite() (*testSuite, error) {
 	if err != nil {
 		return nil, err
 	}
-	// libvirt runs QEMU as libvirt-qemu: it must be able to reach the shim's
-	// state dir below tmp.
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return nil, err
-	}
 	s := &testSuite{
 		repo:      repo,
 		tmp:       tmp,
 		binDir:    filepath.Join(tmp, "bin"),
 		imagesDir: envOr("KVM_IT_IMAGES", filepath.Join(repo, "_output", "images")),
+	}
+	// libvirt runs QEMU as libvirt-qemu: it must be able to reach the shim's
+	// state dir below tmp.
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return s, err
 	}
 	if err := os.MkdirAll(s.binDir, 0o755); err != nil {
 		return s, err
@@ -109,13 +108,13 @@ func newSuite() (*testSuite, error) {
 		fmt.Fprintf(os.Stderr, "integration: building the shim failed; tests that need it will fail:\n%s\n", out)
 		s.shimErr = fmt.Errorf("go build ./cmd/containerd-shim-kvm-v1 failed (its output is at the start of the run): %v", err)
 	}
-	s.images, s.missing, err = findImages(s.imagesDir)
-	if err != nil {
+	var missing []string
+	if s.images, missing, err = findImages(s.imagesDir); err != nil {
 		return s, err
 	}
-	if len(s.missing) > 0 {
+	if len(missing) > 0 {
 		fmt.Fprintf(os.Stderr, "integration: missing guest images in %s: %s; build them with hack/guest/build.sh\n",
-			s.imagesDir, strings.Join(s.missing, ", "))
+			s.imagesDir, strings.Join(missing, ", "))
 	}
 
 	wanted := strings.Split(envOr("KVM_IT_FLAVOURS", "1.6,2.x"), ",")
