@@ -10,10 +10,13 @@ import (
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-// TestCRIPod drives one VM pod through the CRI calls kubelet makes.
+// TestCRIPod drives one VM pod through the CRI calls kubelet makes, on a
+// node where the shim has never run (no state_dir yet): on a Kubernetes
+// node the first call the shim sees is a CRI sandbox, not a VM.
 func TestCRIPod(t *testing.T) {
 	s := requireKVM(t, "kernel", "pause")
 	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
+		c.freshShimState(t) // first: its cleanup runs after cleanupAfter's
 		c.cleanupAfter(t)
 		cl := c.cri(t)
 		v := c.startPodContainer(t, cl, "vm-pod", "kvm", s.images["kernel"].ref)

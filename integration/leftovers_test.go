@@ -113,6 +113,26 @@ func shimSocketPath(address string, id shimID) string {
 	return filepath.Join(shimSocketDir, fmt.Sprintf("%x", sum))
 }
 
+// freshShimState removes the shim's state_dir, as on a node where the shim
+// never ran. Only safe with nothing running, so it checks that first. At the
+// end of t it leaves an empty state_dir searchable by QEMU, so that what t
+// did to it cannot fail the tests after it.
+func (c *containerd) freshShimState(t *testing.T) {
+	t.Helper()
+	if left := c.leftovers(nil); len(left) > 0 {
+		t.Fatalf("cannot reset the shim state_dir, things are left:\n  %s", strings.Join(left, "\n  "))
+	}
+	if err := os.RemoveAll(c.ShimState); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if len(c.leftovers(nil)) == 0 {
+			_ = os.RemoveAll(c.ShimState)
+			_ = os.Mkdir(c.ShimState, 0o711)
+		}
+	})
+}
+
 // shimStateDirs are the top-level directories the shim keeps in its
 // state_dir for its whole life (shim/naming.go layout): vms/<domain>/ and
 // pods/<pod uid>/ live below them and must be gone after delete.
