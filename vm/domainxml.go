@@ -11,21 +11,24 @@ const MetadataNamespace = "https://github.com/kvm-shim/containerd-shim-kvm-v1/me
 // them small and let encoding/xml do all escaping.
 
 type domainXML struct {
-	XMLName    xml.Name     `xml:"domain"`
-	Type       string       `xml:"type,attr"`
-	Name       string       `xml:"name"`
-	UUID       string       `xml:"uuid"`
-	Metadata   *metadataXML `xml:"metadata,omitempty"`
-	Memory     sizeXML      `xml:"memory"`
-	VCPU       vcpuXML      `xml:"vcpu"`
-	OS         osXML        `xml:"os"`
-	Features   featuresXML  `xml:"features"`
-	CPU        *cpuXML      `xml:"cpu,omitempty"`
-	Clock      clockXML     `xml:"clock"`
-	OnPoweroff string       `xml:"on_poweroff"`
-	OnReboot   string       `xml:"on_reboot"`
-	OnCrash    string       `xml:"on_crash"`
-	Devices    devicesXML   `xml:"devices"`
+	XMLName       xml.Name          `xml:"domain"`
+	Type          string            `xml:"type,attr"`
+	Name          string            `xml:"name"`
+	UUID          string            `xml:"uuid"`
+	Metadata      *metadataXML      `xml:"metadata,omitempty"`
+	Memory        sizeXML           `xml:"memory"`
+	MemoryBacking *memoryBackingXML `xml:"memoryBacking,omitempty"`
+	VCPU          vcpuXML           `xml:"vcpu"`
+	CPUTune       *cputuneXML       `xml:"cputune,omitempty"`
+	NUMATune      *numatuneXML      `xml:"numatune,omitempty"`
+	OS            osXML             `xml:"os"`
+	Features      featuresXML       `xml:"features"`
+	CPU           *cpuXML           `xml:"cpu,omitempty"`
+	Clock         clockXML          `xml:"clock"`
+	OnPoweroff    string            `xml:"on_poweroff"`
+	OnReboot      string            `xml:"on_reboot"`
+	OnCrash       string            `xml:"on_crash"`
+	Devices       devicesXML        `xml:"devices"`
 }
 
 type metadataXML struct {
@@ -44,7 +47,51 @@ type sizeXML struct {
 
 type vcpuXML struct {
 	Placement string `xml:"placement,attr"`
+	CPUSet    string `xml:"cpuset,attr,omitempty"`
 	Value     int    `xml:",chardata"`
+}
+
+type memoryBackingXML struct {
+	HugePages hugePagesXML `xml:"hugepages"`
+}
+
+type hugePagesXML struct {
+	Page pageXML `xml:"page"`
+}
+
+type pageXML struct {
+	Size uint64 `xml:"size,attr"`
+	Unit string `xml:"unit,attr"`
+}
+
+type cputuneXML struct {
+	VCPUPins    []vcpuPinXML    `xml:"vcpupin"`
+	EmulatorPin *emulatorPinXML `xml:"emulatorpin,omitempty"`
+}
+
+type vcpuPinXML struct {
+	VCPU   int    `xml:"vcpu,attr"`
+	CPUSet string `xml:"cpuset,attr"`
+}
+
+type emulatorPinXML struct {
+	CPUSet string `xml:"cpuset,attr"`
+}
+
+type numatuneXML struct {
+	Memory   numaMemoryXML `xml:"memory"`
+	MemNodes []memNodeXML  `xml:"memnode"`
+}
+
+type numaMemoryXML struct {
+	Mode    string `xml:"mode,attr"`
+	Nodeset string `xml:"nodeset,attr"`
+}
+
+type memNodeXML struct {
+	CellID  int    `xml:"cellid,attr"`
+	Mode    string `xml:"mode,attr"`
+	Nodeset string `xml:"nodeset,attr"`
 }
 
 type osXML struct {
@@ -76,7 +123,19 @@ type featuresXML struct {
 }
 
 type cpuXML struct {
-	Mode string `xml:"mode,attr"`
+	Mode string      `xml:"mode,attr,omitempty"`
+	NUMA *cpuNUMAXML `xml:"numa,omitempty"`
+}
+
+type cpuNUMAXML struct {
+	Cells []cellXML `xml:"cell"`
+}
+
+type cellXML struct {
+	ID     int    `xml:"id,attr"`
+	CPUs   string `xml:"cpus,attr"`
+	Memory int    `xml:"memory,attr"`
+	Unit   string `xml:"unit,attr"`
 }
 
 type clockXML struct {

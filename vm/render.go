@@ -3,6 +3,9 @@ package vm
 import (
 	"encoding/xml"
 	"fmt"
+	"sort"
+	"strconv"
+	"strings"
 )
 
 // A configurator fills in one concern of the domain from the spec. Render
@@ -14,6 +17,7 @@ var configurators = []configurator{
 	configureIdentity,
 	configureSize,
 	configurePlatform,
+	configurePinning,
 	configureBoot,
 	configureDisk,
 	configureConsole,
@@ -65,6 +69,64 @@ func configurePlatform(s *Spec, d *domainXML) {
 	d.OnReboot = "restart"
 	d.OnCrash = "destroy"
 	d.Devices.Emulator = s.Emulator
+}
+
+// configurePinning binds vCPUs, emulator threads and memory to the host
+// CPUs and NUMA nodes the placement chose, and backs memory with huge
+// pages when asked.
+func configurePinning(s *Spec, d *domainXML) {
+	if s.HugePageKiB > 0 {
+		d.MemoryBacking = &memoryBackingXML{HugePages: hugePagesXML{Page: pageXML{Size: s.HugePageKiB, Unit: "KiB"}}}
+	}
+	p := s.Pinning
+	if p == nil {
+		return
+	}
+	d.VCPU.CPUSet = cpuList(p.CPUSet)
+	if len(p.VCPUPins) > 0 || len(p.EmulatorCPUs) > 0 {
+		d.CPUTune = &cputuneXML{}
+		for i, c := range p.VCPUPins {
+			d.CPUTune.VCPUPins = append(d.CPUTune.VCPUPins, vcpuPinXML{VCPU: i, CPUSet: cpuList([]int{c})})
+		}
+		if len(p.EmulatorCPUs) > 0 {
+			d.CPUTune.EmulatorPin = &emulatorPinXML{CPUSet: cpuList(p.EmulatorCPUs)}
+		}
+	}
+	if len(p.MemoryNodes) > 0 {
+		d.NUMATune = &numatuneXML{Memory: numaMemoryXML{Mode: "strict", Nodeset: cpuList(p.MemoryNodes)}}
+	}
+	if len(p.Cells) > 0 {
+		if d.CPU == nil {
+			d.CPU = &cpuXML{}
+		}
+		d.CPU.NUMA = &cpuNUMAXML{}
+		for i, c := range p.Cells {
+			d.CPU.NUMA.Cells = append(d.CPU.NUMA.Cells, cellXML{ID: i, CPUs: cpuList(c.VCPUs), Memory: c.MemoryMiB, Unit: "MiB"})
+			if d.NUMATune != nil {
+				d.NUMATune.MemNodes = append(d.NUMATune.MemNodes, memNodeXML{CellID: i, Mode: "strict", Nodeset: strconv.Itoa(c.HostNode)})
+			}
+		}
+	}
+}
+
+// cpuList writes CPU or node numbers as libvirt wants them: "0-3,8,10-11".
+func cpuList(v []int) string {
+	s := append([]int(nil), v...)
+	sort.Ints(s)
+	var parts []string
+	for i := 0; i < len(s); {
+		j := i
+		for j+1 < len(s) && s[j+1] == s[j]+1 {
+			j++
+		}
+		if j > i {
+			parts = append(parts, fmt.Sprintf("%d-%d", s[i], s[j]))
+		} else {
+			parts = append(parts, strconv.Itoa(s[i]))
+		}
+		i = j + 1
+	}
+	return strings.Join(parts, ",")
 }
 
 func configureBoot(s *Spec, d *domainXML) {

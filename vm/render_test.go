@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/xml"
 	"flag"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -62,7 +63,29 @@ func goldenCases() map[string]Spec {
 	hostile.Kernel = &Kernel{Path: "/k", Cmdline: `console=ttyS0 x="</cmdline><devices>" & y='1'`}
 	hostile.Meta.PodName = "</vm><evil/>"
 
-	return map[string]Spec{"tcg-disk": tcgDisk, "kvm-kernel": kvmKernel, "escaping": hostile}
+	node := baseSpec()
+	node.Disk = tcgDisk.Disk
+	node.Pinning = &Pinning{CPUSet: []int{8, 9, 10, 11, 13}, MemoryNodes: []int{1}}
+
+	dedicated := baseSpec()
+	dedicated.Accel = AccelKVM
+	dedicated.Disk = tcgDisk.Disk
+	dedicated.HugePageKiB = 2048
+	dedicated.Pinning = &Pinning{CPUSet: []int{14, 15}, VCPUPins: []int{15, 14}, EmulatorCPUs: []int{8}, MemoryNodes: []int{1}}
+
+	spread := baseSpec()
+	spread.VCPUs = 4
+	spread.MemoryMiB = 2048
+	spread.Disk = tcgDisk.Disk
+	spread.Pinning = &Pinning{CPUSet: []int{0, 1, 2, 3, 4, 5, 6, 7}, MemoryNodes: []int{0, 1}, Cells: []Cell{
+		{HostNode: 0, VCPUs: []int{0, 1}, MemoryMiB: 1024},
+		{HostNode: 1, VCPUs: []int{2, 3}, MemoryMiB: 1024},
+	}}
+
+	return map[string]Spec{
+		"tcg-disk": tcgDisk, "kvm-kernel": kvmKernel, "escaping": hostile,
+		"numa-node": node, "numa-dedicated": dedicated, "numa-spread": spread,
+	}
 }
 
 func TestRenderGolden(t *testing.T) {
@@ -141,12 +164,27 @@ func TestValidateRejects(t *testing.T) {
 		"bad uuid":         func(s *Spec) { s.Disk = &Disk{Path: "/d", Format: "raw"}; s.UUID = "x" },
 		"bad format":       func(s *Spec) { s.Disk = &Disk{Path: "/d", Format: "vmdk"} },
 		"bad accel":        func(s *Spec) { s.Disk = &Disk{Path: "/d", Format: "raw"}; s.Accel = "hvf" },
+		"pins for 1 of 2":  func(s *Spec) { s.Disk = &Disk{Path: "/d", Format: "raw"}; s.Pinning = &Pinning{VCPUPins: []int{3}} },
 	}
 	for name, mutate := range cases {
 		s := baseSpec()
 		mutate(&s)
 		if _, err := Render(&s); err == nil {
 			t.Errorf("%s: rendered without error", name)
+		}
+	}
+}
+
+func TestCPUList(t *testing.T) {
+	for in, want := range map[string]string{"": "", "3": "3", "0 1 2 3": "0-3", "8 0 1 3 10 11": "0-1,3,8,10-11"} {
+		var v []int
+		for _, f := range strings.Fields(in) {
+			n := 0
+			fmt.Sscan(f, &n)
+			v = append(v, n)
+		}
+		if got := cpuList(v); got != want {
+			t.Errorf("cpuList(%v) = %q, want %q", v, got, want)
 		}
 	}
 }

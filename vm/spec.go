@@ -33,6 +33,27 @@ type Spec struct {
 
 	Console Console
 	Meta    Metadata
+
+	// Pinning places the VM on host CPUs and NUMA nodes; nil floats freely.
+	Pinning *Pinning
+	// HugePages backs guest memory with huge pages of this size; 0 is none.
+	HugePageKiB uint64
+}
+
+// Pinning is where a VM's vCPUs, emulator threads and memory may run.
+type Pinning struct {
+	CPUSet       []int  // host CPUs every vCPU may float over (<vcpu cpuset>)
+	VCPUPins     []int  // host CPU of vCPU i (<vcpupin>), for dedicated CPUs
+	EmulatorCPUs []int  // host CPUs of QEMU's emulator threads (<emulatorpin>)
+	MemoryNodes  []int  // host nodes guest memory is bound to, strictly
+	Cells        []Cell // guest NUMA cells, when a VM spans host nodes
+}
+
+// Cell is one guest NUMA cell and the host node holding its memory.
+type Cell struct {
+	HostNode  int
+	VCPUs     []int
+	MemoryMiB int
 }
 
 // Disk is a disk image file attached as a virtio block device.
@@ -91,6 +112,8 @@ func (s *Spec) Validate() error {
 		return fmt.Errorf("unknown disk format %q", s.Disk.Format)
 	case s.Console.Socket == "" || s.Console.Log == "":
 		return errors.New("console socket and log paths are required")
+	case s.Pinning != nil && len(s.Pinning.VCPUPins) > 0 && len(s.Pinning.VCPUPins) != s.VCPUs:
+		return fmt.Errorf("%d vCPU pins for %d vCPUs", len(s.Pinning.VCPUPins), s.VCPUs)
 	}
 	return nil
 }
