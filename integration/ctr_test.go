@@ -23,20 +23,29 @@ func (c *containerd) kvmRun(args ...string) []string {
 	return append([]string{"--runtime", kvmRuntime, "--runtime-config-path", c.ShimConfig}, args...)
 }
 
+// bootAndStop runs image in the foreground with ctr, waits for ready on
+// its console, sends signal with ctr task kill, then expects the console
+// line stopped (if any) and ctr run's exit status; nothing may be left.
+func (c *containerd) bootAndStop(t *testing.T, image, id, ready, signal, stopped string, wantStatus int) {
+	t.Helper()
+	c.cleanupAfter(t)
+	f := c.runForeground(t, nsDefault, c.kvmRun(c.suite.images[image].ref, id)...)
+	f.waitOutput(t, ready, bootTimeout)
+	c.mustCtr(t, nsDefault, "task", "kill", "-s", signal, id)
+	if stopped != "" {
+		f.waitOutput(t, stopped, stopTimeout)
+	}
+	if code := f.wait(t, stopTimeout); code != wantStatus {
+		t.Fatalf("ctr run exited %d after %s, want %d", code, signal, wantStatus)
+	}
+	assertNothingLeft(t, c, shimID{nsDefault, id})
+}
+
 // TestCtrPowerOff: SIGTERM asks the guest to power off; ctr run exits 0.
 func TestCtrPowerOff(t *testing.T) {
 	s := requireKVM(t, "kernel")
 	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
-		c.cleanupAfter(t)
-		id := "it-kernel-term"
-		f := c.runForeground(t, nsDefault, c.kvmRun(s.images["kernel"].ref, id)...)
-		f.waitOutput(t, readyLine, bootTimeout)
-		c.mustCtr(t, nsDefault, "task", "kill", id)
-		f.waitOutput(t, poweroffLine, stopTimeout)
-		if code := f.wait(t, stopTimeout); code != 0 {
-			t.Fatalf("ctr run exited %d after SIGTERM, want 0 (guest powered off)", code)
-		}
-		assertNothingLeft(t, c, shimID{nsDefault, id})
+		c.bootAndStop(t, "kernel", "it-kernel-term", readyLine, "TERM", poweroffLine, 0)
 	})
 }
 
@@ -44,15 +53,7 @@ func TestCtrPowerOff(t *testing.T) {
 func TestCtrKill(t *testing.T) {
 	s := requireKVM(t, "kernel")
 	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
-		c.cleanupAfter(t)
-		id := "it-kernel-kill"
-		f := c.runForeground(t, nsDefault, c.kvmRun(s.images["kernel"].ref, id)...)
-		f.waitOutput(t, readyLine, bootTimeout)
-		c.mustCtr(t, nsDefault, "task", "kill", "-s", "KILL", id)
-		if code := f.wait(t, stopTimeout); code != 137 {
-			t.Fatalf("ctr run exited %d after SIGKILL, want 137", code)
-		}
-		assertNothingLeft(t, c, shimID{nsDefault, id})
+		c.bootAndStop(t, "kernel", "it-kernel-kill", readyLine, "KILL", "", 137)
 	})
 }
 
@@ -122,15 +123,7 @@ func TestCtrBootDisk(t *testing.T) {
 			}
 			s.requireImages(t, tc.image)
 			s.forEachFlavour(t, func(t *testing.T, c *containerd) {
-				c.cleanupAfter(t)
-				id := "it-disk-" + tc.image
-				f := c.runForeground(t, nsDefault, c.kvmRun(s.images[tc.image].ref, id)...)
-				f.waitOutput(t, tc.want, bootTimeout)
-				c.mustCtr(t, nsDefault, "task", "kill", "-s", "KILL", id)
-				if code := f.wait(t, stopTimeout); code != 137 {
-					t.Fatalf("ctr run exited %d after SIGKILL, want 137", code)
-				}
-				assertNothingLeft(t, c, shimID{nsDefault, id})
+				c.bootAndStop(t, tc.image, "it-disk-"+tc.image, tc.want, "KILL", "", 137)
 			})
 		})
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -94,7 +95,7 @@ func exe(pid int) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return target[strings.LastIndex(target, "/")+1:], nil
+	return filepath.Base(target), nil
 }
 
 // alive reports whether pid exists and is not a zombie.
