@@ -15,6 +15,7 @@ import (
 	"github.com/pelletier/go-toml/v2"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
 
@@ -105,8 +106,15 @@ func Check(ctx context.Context, w io.Writer, args []string) int {
 		add(checkOK, "wrapper", "%s", cfg.QEMUWrapper)
 	}
 
-	nodes, _ := filepath.Glob("/sys/devices/system/node/node[0-9]*")
-	add(checkOK, "numa", "%d node(s)", len(nodes))
+	var numaReport strings.Builder
+	if store, err := openNUMA(cfg); err != nil {
+		add(checkFail, "numa", "%v", err)
+	} else if ps, err := store.Snapshot(); err != nil {
+		add(checkWarn, "numa", "read reservations: %v", err)
+	} else {
+		add(checkOK, "numa", "%d node(s), %d VM(s) placed (%s)", len(store.Topology().Nodes), len(ps), numaStoreFile(cfg.StateDir))
+		_ = numa.Describe(&numaReport, store.Topology(), store.Policy(), ps)
+	}
 
 	// The shim creates the state dir; what must already hold is that QEMU
 	// can reach it through its existing ancestors.
@@ -140,6 +148,9 @@ func Check(ctx context.Context, w io.Writer, args []string) int {
 		}
 	}
 	tw.Flush()
+	if numaReport.Len() > 0 {
+		fmt.Fprintf(w, "\nNUMA topology and reservations:\n%s", numaReport.String())
+	}
 	return code
 }
 

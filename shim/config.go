@@ -12,6 +12,7 @@ import (
 	"github.com/containerd/containerd/errdefs"
 	"github.com/pelletier/go-toml/v2"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
 
@@ -53,6 +54,17 @@ type Config struct {
 	// VNetHdr opens the TAP with IFF_VNET_HDR so TSO and checksum offload
 	// reach the guest. Only turn it off to measure what it is worth.
 	VNetHdr bool `toml:"vnet_hdr"`
+	// NUMAMode is the default placement: "node", "dedicated" or "none".
+	NUMAMode string `toml:"numa_mode"`
+	// CPUThreshold bounds floating vCPUs per host CPU of a node (CPU may
+	// be overcommitted); MemThreshold bounds guest memory per node memory.
+	CPUThreshold float64 `toml:"cpu_threshold"`
+	MemThreshold float64 `toml:"mem_threshold"`
+	// NUMAAllowSpread lets a VM larger than any node span the fewest nodes,
+	// with a matching guest NUMA topology, instead of being refused.
+	NUMAAllowSpread bool `toml:"numa_allow_spread"`
+	// ReservedCPUs are host CPUs never given to VMs, e.g. "0-1".
+	ReservedCPUs string `toml:"reserved_cpus"`
 	// KernelCmdline is used for direct kernel boot unless the pod sets
 	// the kernel-cmdline annotation.
 	KernelCmdline string `toml:"kernel_cmdline"`
@@ -76,6 +88,9 @@ func DefaultConfig() Config {
 		MaxMemoryMiB:     256 * 1024,
 		MaxNetQueues:     4,
 		VNetHdr:          true,
+		NUMAMode:         "node",
+		CPUThreshold:     4,
+		MemThreshold:     1,
 		KernelCmdline:    "console=ttyS0",
 	}
 }
@@ -139,6 +154,12 @@ func (c *Config) validate() error {
 		return fmt.Errorf("default_memory_mib = %d: must be between %d and max_memory_mib (%d)", c.DefaultMemoryMiB, minMemoryMiB, c.MaxMemoryMiB)
 	}
 	if _, _, err := vm.ChooseAccel(c.Accel, vm.KVMInfo{Usable: true}); err != nil {
+		return err
+	}
+	if _, err := numa.ParseMode(c.NUMAMode); err != nil {
+		return fmt.Errorf("numa_mode: %v", err)
+	}
+	if _, err := c.numaPolicy(); err != nil {
 		return err
 	}
 	return nil

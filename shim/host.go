@@ -10,6 +10,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
 
@@ -27,6 +28,10 @@ type host struct {
 	// from sockets under fdSocketDir.
 	qemuUID, qemuGID int
 	fdSocketDir      string
+
+	// numa holds the node's NUMA reservations, shared with every other
+	// shim on the node; nil places nothing (unit tests).
+	numa *numa.Store
 
 	warned sync.Map // what warnOnce already said
 }
@@ -81,13 +86,22 @@ func newHost(ctx context.Context, cfg Config, kvm vm.KVMInfo) (*host, error) {
 	if err != nil {
 		return nil, err
 	}
+	store, err := openNUMA(cfg)
+	if err != nil {
+		return nil, err
+	}
 	conn, err := vm.Connect(ctx, cfg.LibvirtSocket)
 	if err != nil {
 		return nil, err
 	}
+	if doms, err := conn.Domains(); err != nil {
+		log.G(ctx).WithError(err).Warn("list domains to reconcile NUMA reservations")
+	} else if err := reconcileNUMA(ctx, store, doms); err != nil {
+		log.G(ctx).WithError(err).Warn("reconcile NUMA reservations")
+	}
 	return &host{
 		cfg: cfg, accel: accel, conn: conn, events: conn.Events(), close: conn.Close, layout: l,
-		qemuUID: uid, qemuGID: gid, fdSocketDir: netfd.SocketDir,
+		qemuUID: uid, qemuGID: gid, fdSocketDir: netfd.SocketDir, numa: store,
 	}, nil
 }
 

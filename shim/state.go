@@ -37,6 +37,10 @@ type taskRecord struct {
 	// KeepOverlay: the overlay is per-pod data and outlives the task.
 	KeepOverlay bool `json:"keepOverlay,omitempty"`
 
+	// NUMA reservation: its owner key in the node's store file.
+	NUMAOwner string `json:"numaOwner,omitempty"`
+	NUMAStore string `json:"numaStore,omitempty"`
+
 	// Network: the TAP and tc wiring in the pod namespace.
 	Network *vmNetwork `json:"network,omitempty"`
 

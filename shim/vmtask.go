@@ -2,6 +2,7 @@ package shim
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -19,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
 
@@ -58,6 +60,17 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	if err := checkStdio(r.stdio); err != nil {
 		return nil, err
 	}
+	mode, err := numaMode(r.spec, h.cfg)
+	if err != nil {
+		return nil, err
+	}
+	pageKiB, err := hugePageKiB(r.spec)
+	if err != nil {
+		return nil, err
+	}
+	if pageMiB := int(pageKiB / 1024); pageMiB > 1 {
+		memMiB = (memMiB + pageMiB - 1) / pageMiB * pageMiB
+	}
 	name := ident.DomainName()
 	if err := takeOverDomainName(h.conn, name, ident.ContainerID); err != nil {
 		return nil, err
@@ -89,6 +102,22 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	}
 	undo.add(func() { _ = removeRecord(r.bundle) })
 
+	var placement *vm.Pinning
+	var placementJSON string
+	if h.numa != nil {
+		rec.NUMAOwner, rec.NUMAStore = numaOwner(name, r.id), numaStoreFile(h.cfg.StateDir)
+		if err := writeRecord(r.bundle, &rec); err != nil {
+			return nil, fmt.Errorf("write task record: %w", err)
+		}
+		p, err := h.numa.Reserve(numa.Request{Owner: rec.NUMAOwner, VCPUs: vcpus, MemoryMiB: memMiB, Mode: mode})
+		if err != nil {
+			return nil, err
+		}
+		undo.add(func() { _ = h.numa.Release(rec.NUMAOwner) })
+		b, _ := json.Marshal(p)
+		placement, placementJSON = pinning(p), string(b)
+	}
+
 	rootfs := filepath.Join(r.bundle, "rootfs")
 	if len(r.rootfs) > 0 {
 		if err := os.MkdirAll(rootfs, 0o711); err != nil {
@@ -117,8 +146,10 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		Meta: vm.Metadata{
 			SandboxID: ident.SandboxID, ContainerID: r.id, Namespace: ident.Namespace,
 			PodUID: ident.PodUID, PodName: ident.PodName, PodNamespace: ident.PodNamespace,
-			ContainerName: ident.ContainerName, StateDir: vmDir,
+			ContainerName: ident.ContainerName, StateDir: vmDir, NUMA: placementJSON,
 		},
+		Pinning:     placement,
+		HugePageKiB: pageKiB,
 	}
 	var fdServer *netfd.Server
 	if r.netns != "" {
@@ -433,6 +464,22 @@ func (t *vmTask) delete(ctx context.Context) error {
 	return releaseVM(ctx, t.h.conn, &t.rec, t.bundle)
 }
 
+// releaseNUMA gives the VM's host CPUs and memory back to the node.
+func releaseNUMA(rec *taskRecord) error {
+	if rec.NUMAOwner == "" {
+		return nil
+	}
+	topo, err := numa.ReadTopology("/")
+	if err != nil {
+		return err
+	}
+	store, err := numa.OpenStore(rec.NUMAStore, topo, numa.Policy{})
+	if err != nil {
+		return err
+	}
+	return store.Release(rec.NUMAOwner)
+}
+
 // removeFDSocket removes the socket a VM's wrapper fetches descriptors
 // from (it is named after the domain; a dead shim left it behind).
 func removeFDSocket(rec *taskRecord) error {
@@ -472,6 +519,7 @@ func releaseVM(ctx context.Context, conn domains, rec *taskRecord, bundle string
 		}
 	}
 	errs = append(errs, teardownNetwork(rec.Network))
+	errs = append(errs, releaseNUMA(rec))
 	if rec.VMDir != "" {
 		bases, _ := filepath.Glob(filepath.Join(rec.VMDir, "base.*"))
 		unmounted := true

@@ -213,3 +213,25 @@ func (c *Conn) Metadata(name string) (Metadata, error) {
 	}
 	return m.Metadata, nil
 }
+
+// Domains lists the defined domains that carry the shim's metadata, with
+// it. Domains without it belong to someone else and are skipped.
+func (c *Conn) Domains() (map[string]Metadata, error) {
+	l, err := c.client()
+	if err != nil {
+		return nil, err
+	}
+	doms, _, err := l.ConnectListAllDomains(1, 0)
+	if err != nil {
+		return nil, mapError(err, "list domains")
+	}
+	out := make(map[string]Metadata, len(doms))
+	for _, d := range doms {
+		m, err := c.Metadata(d.Name)
+		if err != nil {
+			continue // not ours, or gone since the listing
+		}
+		out[d.Name] = m
+	}
+	return out, nil
+}

@@ -87,6 +87,9 @@ type Metadata struct {
 	PodNamespace  string `xml:"pod-namespace,omitempty" json:"podNamespace,omitempty"`
 	ContainerName string `xml:"container-name,omitempty" json:"containerName,omitempty"`
 	StateDir      string `xml:"state-dir" json:"stateDir"`
+	// NUMA is the VM's host placement as JSON, so a restarted shim can
+	// rebuild the node's reservations from libvirt alone.
+	NUMA string `xml:"numa,omitempty" json:"numa,omitempty"`
 }
 
 var uuidRE = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)

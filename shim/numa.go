@@ -1,0 +1,129 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
+)
+
+// AnnotationNUMAMode chooses a VM's placement: "node" (one NUMA node,
+// vCPUs float over its CPUs), "dedicated" (exclusive host CPUs, one per
+// vCPU) or "none". The default is the config's numa_mode.
+const AnnotationNUMAMode = "kvm.containerd.io/numa-mode"
+
+// numaStoreFile keeps the node's reservations, shared by every shim.
+func numaStoreFile(stateDir string) string { return filepath.Join(stateDir, "numa.json") }
+
+// numaOwner names a reservation: the domain and the container, so the
+// cleanup of an old container never releases its successor's placement.
+func numaOwner(domain, containerID string) string { return domain + "/" + containerID }
+
+func (c *Config) numaPolicy() (numa.Policy, error) {
+	p := numa.Policy{CPUThreshold: c.CPUThreshold, MemThreshold: c.MemThreshold, AllowSpread: c.NUMAAllowSpread}
+	if c.ReservedCPUs != "" {
+		cpus, err := numa.ParseCPUList(c.ReservedCPUs)
+		if err != nil {
+			return p, fmt.Errorf("reserved_cpus = %q: %w", c.ReservedCPUs, err)
+		}
+		p.ReservedCPUs = cpus
+	}
+	return p, p.Validate()
+}
+
+// openNUMA reads the host topology once and opens the node's shared
+// reservation store.
+func openNUMA(cfg Config) (*numa.Store, error) {
+	topo, err := numa.ReadTopology("/")
+	if err != nil {
+		return nil, fmt.Errorf("read NUMA topology: %w", err)
+	}
+	policy, err := cfg.numaPolicy()
+	if err != nil {
+		return nil, err
+	}
+	return numa.OpenStore(numaStoreFile(cfg.StateDir), topo, policy)
+}
+
+// reconcileNUMA rebuilds the reservations from the domains libvirt knows,
+// so a shim that crashed between reserving and deleting leaks nothing.
+func reconcileNUMA(ctx context.Context, store *numa.Store, doms map[string]vm.Metadata) error {
+	var live []numa.Placement
+	for name, m := range doms {
+		if m.NUMA == "" {
+			continue
+		}
+		var p numa.Placement
+		if err := json.Unmarshal([]byte(m.NUMA), &p); err != nil {
+			log.G(ctx).WithError(err).WithField("vm", name).Warn("unreadable NUMA placement in domain metadata")
+			continue
+		}
+		live = append(live, p)
+	}
+	dropped, err := store.Reconcile(live)
+	if len(dropped) > 0 {
+		log.G(ctx).WithField("owners", dropped).Info("released NUMA reservations of VMs that are gone")
+	}
+	return err
+}
+
+func numaMode(spec *specs.Spec, cfg Config) (numa.Mode, error) {
+	v, ok := spec.Annotations[AnnotationNUMAMode]
+	if !ok {
+		v = cfg.NUMAMode
+	}
+	m, err := numa.ParseMode(strings.TrimSpace(v))
+	if err != nil {
+		return "", fmt.Errorf("annotation %s: %v: %w", AnnotationNUMAMode, err, errdefs.ErrInvalidArgument)
+	}
+	return m, nil
+}
+
+// pinning turns a placement into the domain's pinning.
+func pinning(p numa.Placement) *vm.Pinning {
+	if p.Mode == numa.ModeNone {
+		return nil
+	}
+	out := &vm.Pinning{CPUSet: p.CPUs, VCPUPins: p.VCPUPins, EmulatorCPUs: p.EmulatorCPUs, MemoryNodes: p.Nodes}
+	for _, g := range p.GuestNodes {
+		out.Cells = append(out.Cells, vm.Cell{HostNode: g.HostNode, VCPUs: g.VCPUs, MemoryMiB: g.MemoryMiB})
+	}
+	if len(out.Cells) > 0 {
+		// Each cell floats over its own node's CPUs.
+		out.CPUSet = nil
+		for _, g := range p.GuestNodes {
+			out.CPUSet = append(out.CPUSet, g.CPUs...)
+		}
+	}
+	return out
+}
+
+// hugePageKiB reads the OCI spec's hugepage limits: the first page size
+// with a positive limit backs the guest.
+func hugePageKiB(spec *specs.Spec) (uint64, error) {
+	r := resources(spec)
+	if r == nil {
+		return 0, nil
+	}
+	for _, h := range r.HugepageLimits {
+		if h.Limit == 0 {
+			continue
+		}
+		switch strings.ToUpper(h.Pagesize) {
+		case "2MB":
+			return 2048, nil
+		case "1GB":
+			return 1 << 20, nil
+		}
+		return 0, fmt.Errorf("linux.resources.hugepageLimits: page size %q is not supported (2MB or 1GB): %w", h.Pagesize, errdefs.ErrInvalidArgument)
+	}
+	return 0, nil
+}
