@@ -1,0 +1,248 @@
+package configdrive
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha1"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/containerd/errdefs"
+)
+
+// Label is the volume label guests look for.
+const Label = "config-2"
+
+// VFATSize is the size of a vfat config drive (sparse), as nova makes it.
+const VFATSize = 64 << 20
+
+// Versions are the openstack/ directories written, each with the same files:
+// one dated version cloud-init and cloudbase-init know, and "latest".
+var Versions = []string{"2018-08-27", "latest"}
+
+// randomSeedLen is the size of meta_data.json "random_seed" (nova's).
+const randomSeedLen = 512
+
+// file is one file of the drive, path relative to the drive's root.
+type file struct {
+	path string
+	data []byte
+}
+
+// render returns the drive's files in a fixed order.
+func render(inst Instance, network *Network, opts Options, seed []byte) ([]file, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	md, err := renderMetaData(inst, opts, seed)
+	if err != nil {
+		return nil, err
+	}
+	nd, err := renderNetworkData(network)
+	if err != nil {
+		return nil, fmt.Errorf("network: %w", err)
+	}
+	var files []file
+	for _, v := range Versions {
+		dir := "openstack/" + v + "/"
+		files = append(files,
+			file{dir + "meta_data.json", md},
+			file{dir + "network_data.json", nd},
+			file{dir + "vendor_data.json", []byte("{}\n")},
+		)
+		if len(opts.UserData) > 0 {
+			files = append(files, file{dir + "user_data", opts.UserData})
+		}
+	}
+	return files, nil
+}
+
+// Build writes the config drive image for inst to out, replacing it
+// atomically (a temporary file next to out, then rename; out's directory
+// must exist). dir is scratch space for the file tree (a temporary
+// directory is made in it and removed). network may be nil (no network
+// configuration). opts.Disabled is not looked at: the caller skips Build.
+//
+// Build validates opts (Options.Validate) and inst (a uuid is required),
+// then runs mkfs.vfat and mcopy (FormatVFAT) or genisoimage / xorriso
+// (FormatISO9660). Bad input wraps errdefs.ErrInvalidArgument; a missing
+// tool wraps errdefs.ErrNotFound.
+func Build(ctx context.Context, dir, out string, inst Instance, network *Network, opts Options) (retErr error) {
+	format, err := ParseFormat(string(opts.Format))
+	if err != nil {
+		return err
+	}
+	seed := make([]byte, randomSeedLen)
+	if _, err := rand.Read(seed); err != nil {
+		return fmt.Errorf("random seed: %w", err)
+	}
+	files, err := render(inst, network, opts, seed)
+	if err != nil {
+		return err
+	}
+
+	if dir, err = filepath.Abs(dir); err != nil {
+		return err
+	}
+	if out, err = filepath.Abs(out); err != nil {
+		return err
+	}
+	stage, err := os.MkdirTemp(dir, "configdrive-")
+	if err != nil {
+		return fmt.Errorf("config drive scratch dir: %w", err)
+	}
+	defer os.RemoveAll(stage)
+	tree := filepath.Join(stage, "root")
+	for _, f := range files {
+		p := filepath.Join(tree, filepath.FromSlash(f.path))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(p, f.data, 0o644); err != nil {
+			return err
+		}
+	}
+
+	tmp, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".tmp-")
+	if err != nil {
+		return fmt.Errorf("config drive image: %w", err)
+	}
+	tmpName := tmp.Name()
+	defer func() {
+		if retErr != nil {
+			os.Remove(tmpName)
+		}
+	}()
+	if format == FormatVFAT {
+		err = tmp.Truncate(VFATSize)
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("config drive image: %w", err)
+	}
+
+	env := toolEnv(stage)
+	switch format {
+	case FormatVFAT:
+		if err := run(ctx, env, "mkfs.vfat", "-n", Label, "-i", volumeID(inst.UUID), tmpName); err != nil {
+			return err
+		}
+		if err := run(ctx, env, "mcopy", "-s", "-Q", "-i", tmpName, filepath.Join(tree, "openstack"), "::/"); err != nil {
+			return err
+		}
+	case FormatISO9660:
+		tool, args, err := isoTool()
+		if err != nil {
+			return err
+		}
+		// nova's options: Rock Ridge and Joliet, ISO names relaxed so the
+		// lower case, long and dotted names survive without them too.
+		args = append(args, "-o", tmpName, "-ldots", "-allow-lowercase", "-allow-multidot", "-l",
+			"-publisher", "containerd-shim-kvm-v1", "-quiet", "-J", "-r", "-V", Label, tree)
+		if err := run(ctx, env, tool, args...); err != nil {
+			return err
+		}
+	}
+	if err := os.Chmod(tmpName, 0o644); err != nil {
+		return err
+	}
+	if err := os.Rename(tmpName, out); err != nil {
+		return fmt.Errorf("config drive image: %w", err)
+	}
+	return nil
+}
+
+// volumeID derives the FAT volume serial (8 hex digits) from the uuid, so
+// one instance's drives share it.
+func volumeID(uuid string) string {
+	sum := sha1.Sum([]byte(uuid))
+	return fmt.Sprintf("%02x%02x%02x%02x", sum[0], sum[1], sum[2], sum[3])
+}
+
+// toolEnv is the whole environment of the tools: no user's mtools
+// configuration, no locale surprises.
+func toolEnv(home string) []string {
+	return []string{
+		"PATH=" + toolPath(),
+		"HOME=" + home,
+		"LC_ALL=C",
+		"TZ=UTC",
+		"MTOOLSRC=/dev/null",
+		"MTOOLS_SKIP_CHECK=1",
+	}
+}
+
+// toolPath is $PATH plus the sbin directories (mkfs.vfat is in /usr/sbin,
+// which a daemon's PATH may lack).
+func toolPath() string {
+	p := os.Getenv("PATH")
+	for _, d := range []string{"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"} {
+		if !strings.Contains(":"+p+":", ":"+d+":") {
+			p += ":" + d
+		}
+	}
+	return strings.TrimPrefix(p, ":")
+}
+
+// lookTool finds name in toolPath.
+func lookTool(name string) (string, error) {
+	for _, d := range filepath.SplitList(toolPath()) {
+		if d == "" {
+			continue
+		}
+		p := filepath.Join(d, name)
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("config drive tool %s not found in %s: %w", name, toolPath(), errdefs.ErrNotFound)
+}
+
+// isoTool picks genisoimage, else xorriso as mkisofs, else mkisofs.
+func isoTool() (string, []string, error) {
+	if p, err := lookTool("genisoimage"); err == nil {
+		return p, nil, nil
+	}
+	if p, err := lookTool("xorriso"); err == nil {
+		return p, []string{"-as", "mkisofs"}, nil
+	}
+	if p, err := lookTool("mkisofs"); err == nil {
+		return p, nil, nil
+	}
+	return "", nil, fmt.Errorf("config drive tool genisoimage, xorriso or mkisofs not found in %s: %w", toolPath(), errdefs.ErrNotFound)
+}
+
+// run executes tool with args (an argument vector, no shell) and returns
+// an error with its output when it fails.
+func run(ctx context.Context, env []string, tool string, args ...string) error {
+	path := tool
+	if !filepath.IsAbs(tool) {
+		var err error
+		if path, err = lookTool(tool); err != nil {
+			return err
+		}
+	}
+	cmd := exec.CommandContext(ctx, path, args...)
+	cmd.Env = env
+	var output bytes.Buffer
+	cmd.Stdout = &output
+	cmd.Stderr = &output
+	if err := cmd.Run(); err != nil {
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return fmt.Errorf("%s: %w", filepath.Base(path), errors.Join(ctxErr, err))
+		}
+		msg := strings.TrimSpace(output.String())
+		if len(msg) > 1024 {
+			msg = msg[:1024] + "..."
+		}
+		return fmt.Errorf("%s %s: %w: %s", filepath.Base(path), strings.Join(args, " "), err, msg)
+	}
+	return nil
+}
