@@ -1,6 +1,7 @@
 package numa
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strconv"
@@ -84,4 +85,43 @@ func FormatCPUList(cpus []int) string {
 		i = j + 1
 	}
 	return b.String()
+}
+
+// CPUList is a list of host CPU numbers that reads and writes JSON in the
+// kernel's CPU list format ("0-3,8"), so that a placement on a large node
+// stays short in the state file and in domain metadata. It also accepts a
+// JSON array of numbers. Its String is the same format, which is also
+// libvirt's cpuset syntax.
+type CPUList []int
+
+func (l CPUList) String() string { return FormatCPUList(l) }
+
+// MarshalJSON writes the list as a JSON string.
+func (l CPUList) MarshalJSON() ([]byte, error) {
+	return strconv.AppendQuote(nil, FormatCPUList(l)), nil
+}
+
+// UnmarshalJSON reads a CPU list string or an array of numbers.
+func (l *CPUList) UnmarshalJSON(b []byte) error {
+	if len(b) > 0 && b[0] == '[' {
+		var cpus []int
+		if err := json.Unmarshal(b, &cpus); err != nil {
+			return err
+		}
+		*l = cpus
+		return nil
+	}
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return fmt.Errorf("cpu list %s is not a JSON string: %w", b, errdefs.ErrInvalidArgument)
+	}
+	cpus, err := ParseCPUList(s)
+	if err != nil {
+		return err
+	}
+	if len(cpus) == 0 {
+		cpus = nil
+	}
+	*l = cpus
+	return nil
 }

@@ -65,6 +65,29 @@ func newLedger(t *Topology, p Policy, current []Placement) *ledger {
 	return l
 }
 
+// newLedgerFromSummary is newLedger for the placements that sums
+// summarise: what the Store decides on without decoding every placement.
+func newLedgerFromSummary(t *Topology, p Policy, sums []nodeSummary) *ledger {
+	l := newLedger(t, p, nil)
+	for _, s := range sums {
+		i := l.index(s.Node)
+		if i < 0 {
+			continue
+		}
+		n := &l.nodes[i]
+		n.vcpus += s.VCPUs
+		n.memMiB += s.MemoryMiB
+		n.vms += s.VMs
+		for _, c := range s.Dedicated {
+			if _, ok := slices.BinarySearch(n.usable, c); ok && !l.dedicated[c] {
+				l.dedicated[c] = true
+				n.ded++
+			}
+		}
+	}
+	return l
+}
+
 func (l *ledger) index(id int) int {
 	for i := range l.nodes {
 		if l.nodes[i].node.ID == id {

@@ -46,11 +46,14 @@ func Place(t *Topology, p Policy, current []Placement, r Request) (Placement, er
 	if t == nil || len(t.Nodes) == 0 {
 		return Placement{}, fmt.Errorf("place VM %s: topology has no NUMA nodes: %w", r.Owner, errdefs.ErrInvalidArgument)
 	}
-	p = p.WithDefaults()
+	return newLedger(t, p.WithDefaults(), current).decide(r)
+}
+
+// decide is Place on a ledger, for a validated request.
+func (l *ledger) decide(r Request) (Placement, error) {
 	if r.Mode == ModeNone {
 		return Placement{Owner: r.Owner, Mode: ModeNone, VCPUs: r.VCPUs, MemoryMiB: r.MemoryMiB}, nil
 	}
-	l := newLedger(t, p, current)
 	best, _ := l.best(r.Mode, r.VCPUs, int64(r.MemoryMiB), 1, nil)
 	if len(best) == 1 {
 		return l.placeOn(best[0], r), nil
@@ -59,7 +62,7 @@ func Place(t *Topology, p Policy, current []Placement, r Request) (Placement, er
 		return Placement{}, fmt.Errorf("no NUMA node has room for VM %s (%s): %s: %w",
 			r.Owner, describeRequest(r), l.reasons(r.Mode, r.VCPUs, int64(r.MemoryMiB)), errdefs.ErrResourceExhausted)
 	}
-	if r.Mode == ModeNode && p.AllowSpread {
+	if r.Mode == ModeNode && l.p.AllowSpread {
 		return l.spread(r)
 	}
 	return Placement{}, l.tooLarge(r)

@@ -75,8 +75,9 @@ func openChildStore() (*Store, error) {
 }
 
 // concurrencyChild runs goroutines that reserve and release at random.
-// After every successful Reserve it reads the state and checks the
-// invariants, and that nothing this goroutine holds has been lost.
+// After every successful Reserve it reads the state file and checks the
+// invariants, that its per-node summaries match its reservations, and
+// that nothing this goroutine holds has been lost.
 func concurrencyChild() error {
 	s, err := openChildStore()
 	if err != nil {
@@ -128,9 +129,16 @@ func concurrencyChild() error {
 					return
 				} else {
 					held = append(held, pl.Owner)
-					ps, err := s.Snapshot()
+					var ps []Placement
+					st, err := s.readFull()
 					if err == nil {
+						for _, r := range st.Reservations {
+							ps = append(ps, r.Placement)
+						}
 						err = checkState(s.Topology(), ps)
+					}
+					if sums := summarize(ps); err == nil && !sameSummaries(st.Nodes, sums) {
+						err = fmt.Errorf("state file summaries %+v, its reservations sum to %+v", st.Nodes, sums)
 					}
 					for _, o := range held {
 						if err == nil && !slices.Contains(owners(ps), o) {

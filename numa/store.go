@@ -1,6 +1,7 @@
 package numa
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,8 +26,12 @@ const stateVersion = 1
 // fsyncs it, renames it over path and fsyncs the directory. Readers
 // therefore see the old state or the new one, never a torn file, and a
 // process killed while holding the lock loses it with its file
-// descriptors. A Store holds no open file between calls and is safe for
-// concurrent use by many goroutines and processes.
+// descriptors. The file is one JSON document (jq reads it) laid out as a
+// header line with per-node summaries, then one reservation per line:
+// Reserve and Release decode the summaries and the one line they touch,
+// and copy the rest, so their cost hardly grows with the number of VMs.
+// A Store holds no open file between calls and is safe for concurrent use
+// by many goroutines and processes.
 type Store struct {
 	path, lockPath, tmpPath string
 	topo                    *Topology
@@ -46,21 +51,45 @@ type holder struct {
 	Start uint64 `json:"start"`
 }
 
-// stateFile is the JSON document at the Store's path.
+// stateFile is the JSON document at the Store's path. The Store writes
+// it as a header line (everything up to the reservations array), one line
+// per reservation and a closing line, so that Reserve and Release can
+// decode the header and only the reservation they touch (see rawState).
 type stateFile struct {
 	Version int `json:"version"`
 	// Generation counts writes, for people and tests reading the file.
 	Generation uint64 `json:"generation"`
+	// Nodes summarise the reservations per node (summarize).
+	Nodes []nodeSummary `json:"nodes"`
 	// Reservations are in placement order: Overlaps relies on it.
 	Reservations []reservation `json:"reservations"`
 }
 
 type reservation struct {
-	Placement
+	Placement // first, so that each line starts with its owner
 	// Holder is set from Reserve until a Reconcile finds the owner among
 	// libvirt's domains; nil means libvirt vouches for it.
 	Holder *holder `json:"holder,omitempty"`
 }
+
+// stateHeader is the state file without its reservations.
+type stateHeader struct {
+	Version    int           `json:"version"`
+	Generation uint64        `json:"generation"`
+	Nodes      []nodeSummary `json:"nodes"`
+}
+
+// rawState is the state file as the Store updates it: the header decoded,
+// each reservation kept as its line of JSON.
+type rawState struct {
+	header stateHeader
+	lines  [][]byte
+}
+
+const (
+	reservationsKey = `,"reservations":[`
+	closingLine     = "]}"
+)
 
 // testHook, when set by a test, runs at named points of a write:
 // "tmp-partial" (half the temporary file written) and "before-rename".
@@ -107,26 +136,35 @@ func (s *Store) Reserve(r Request) (Placement, error) {
 		return Placement{}, err
 	}
 	var out Placement
-	err = s.update(func(st *stateFile) (bool, error) {
+	err = s.update(func(st *rawState) (bool, error) {
 		if i := st.find(r.Owner); i >= 0 {
-			res := &st.Reservations[i]
+			res, err := st.decode(i)
+			if err != nil {
+				return false, err
+			}
 			if !res.matches(r) {
 				return false, fmt.Errorf("VM %s already holds a NUMA placement for %d vCPUs, %s, mode %s; asked for %s: %w",
 					r.Owner, res.VCPUs, formatMiB(int64(res.MemoryMiB)), res.Mode, describeRequest(r), errdefs.ErrAlreadyExists)
 			}
-			out = res.Clone()
+			out = res.Placement
 			if res.Holder == nil || *res.Holder == s.self {
 				return false, nil
 			}
 			res.Holder = &s.self
-			return true, nil
+			st.lines[i], err = json.Marshal(res)
+			return true, err
 		}
-		pl, err := Place(s.topo, s.policy, st.placements(), r)
+		pl, err := newLedgerFromSummary(s.topo, s.policy, st.header.Nodes).decide(r)
 		if err != nil {
 			return false, err
 		}
-		st.Reservations = append(st.Reservations, reservation{Placement: pl, Holder: &s.self})
-		out = pl.Clone()
+		line, err := json.Marshal(reservation{Placement: pl, Holder: &s.self})
+		if err != nil {
+			return false, err
+		}
+		st.lines = append(st.lines, line)
+		st.header.Nodes = addToSummary(st.header.Nodes, &pl, 1)
+		out = pl
 		return true, nil
 	})
 	return out, err
@@ -135,12 +173,17 @@ func (s *Store) Reserve(r Request) (Placement, error) {
 // Release drops the owner's reservation. An owner without one is not an
 // error, so delete paths can call it whatever state they find.
 func (s *Store) Release(owner string) error {
-	return s.update(func(st *stateFile) (bool, error) {
+	return s.update(func(st *rawState) (bool, error) {
 		i := st.find(owner)
 		if i < 0 {
 			return false, nil
 		}
-		st.Reservations = slices.Delete(st.Reservations, i, i+1)
+		res, err := st.decode(i)
+		if err != nil {
+			return false, err
+		}
+		st.header.Nodes = addToSummary(st.header.Nodes, &res.Placement, -1)
+		st.lines = slices.Delete(st.lines, i, i+1)
 		return true, nil
 	})
 }
@@ -157,7 +200,8 @@ func (s *Store) Release(owner string) error {
 //
 // Everything else, above all the reservations of shims that died before
 // defining their domain, is dropped; their owners are returned. A
-// corrupt state file is replaced. Duplicate or empty owners in live are
+// corrupt state file is replaced, and the per-node summaries are
+// recomputed. Duplicate or empty owners in live are
 // errdefs.ErrInvalidArgument and change nothing.
 func (s *Store) Reconcile(live []Placement) (dropped []string, err error) {
 	liveByOwner := make(map[string]int, len(live))
@@ -170,15 +214,17 @@ func (s *Store) Reconcile(live []Placement) (dropped []string, err error) {
 		}
 		liveByOwner[pl.Owner] = i
 	}
-	err = s.lockedDo(true, func(st *stateFile, readErr error) (bool, error) {
-		if readErr != nil && !errors.Is(readErr, errdefs.ErrDataLoss) {
-			return false, readErr
-		}
+	err = s.lockedDo(true, func(st *rawState) (bool, error) {
 		var known, kept []reservation
 		seen := map[string]bool{}
-		for _, res := range st.Reservations {
-			if i, ok := liveByOwner[res.Owner]; ok {
-				kept = append(kept, reservation{Placement: live[i].Clone()})
+		for i := range st.lines {
+			res, err := st.decode(i)
+			if err != nil {
+				dropped = append(dropped, fmt.Sprintf("(unreadable reservation %d)", i))
+				continue
+			}
+			if j, ok := liveByOwner[res.Owner]; ok {
+				kept = append(kept, reservation{Placement: live[j].Clone()})
 				seen[res.Owner] = true
 			} else if res.Holder != nil && s.alive(*res.Holder) {
 				kept = append(kept, res)
@@ -191,7 +237,18 @@ func (s *Store) Reconcile(live []Placement) (dropped []string, err error) {
 				known = append(known, reservation{Placement: pl.Clone()})
 			}
 		}
-		st.Reservations = append(known, kept...)
+		all := append(known, kept...)
+		st.lines = st.lines[:0]
+		ps := make([]Placement, len(all))
+		for i, res := range all {
+			line, err := json.Marshal(res)
+			if err != nil {
+				return false, err
+			}
+			st.lines = append(st.lines, line)
+			ps[i] = res.Placement
+		}
+		st.header.Nodes = summarize(ps)
 		return true, nil
 	})
 	return dropped, err
@@ -200,14 +257,18 @@ func (s *Store) Reconcile(live []Placement) (dropped []string, err error) {
 // Snapshot returns the reservations in placement order. It reads the
 // state file without the lock: renames make every read a whole state.
 func (s *Store) Snapshot() ([]Placement, error) {
-	st, err := s.read()
+	st, err := s.readFull()
 	if err != nil {
 		return nil, err
 	}
-	return st.placements(), nil
+	ps := make([]Placement, len(st.Reservations))
+	for i := range st.Reservations {
+		ps[i] = st.Reservations[i].Placement
+	}
+	return ps, nil
 }
 
-// Topology and Policy are what the store places with.
+// Topology returns the topology the store places on.
 func (s *Store) Topology() *Topology { return s.topo }
 
 // Policy returns the store's policy, defaults filled in.
@@ -215,19 +276,14 @@ func (s *Store) Policy() Policy { return s.policy }
 
 // update runs fn on the state under the lock and writes the state back
 // when fn reports a change.
-func (s *Store) update(fn func(*stateFile) (bool, error)) error {
-	return s.lockedDo(false, func(st *stateFile, readErr error) (bool, error) {
-		if readErr != nil {
-			return false, readErr
-		}
-		return fn(st)
-	})
+func (s *Store) update(fn func(*rawState) (bool, error)) error {
+	return s.lockedDo(false, fn)
 }
 
 // lockedDo holds the exclusive lock around reading the state, fn and,
 // when fn reports a change, writing it. With tolerateCorrupt a corrupt
-// state reaches fn as an empty state and the read error.
-func (s *Store) lockedDo(tolerateCorrupt bool, fn func(*stateFile, error) (bool, error)) error {
+// state reaches fn as an empty one.
+func (s *Store) lockedDo(tolerateCorrupt bool, fn func(*rawState) (bool, error)) error {
 	lock, err := os.OpenFile(s.lockPath, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("open NUMA lock: %w", err)
@@ -236,19 +292,19 @@ func (s *Store) lockedDo(tolerateCorrupt bool, fn func(*stateFile, error) (bool,
 	if err := flock(lock, unix.LOCK_EX); err != nil {
 		return fmt.Errorf("lock %s: %w", s.lockPath, err)
 	}
-	st, readErr := s.read()
-	if readErr != nil && !(tolerateCorrupt && errors.Is(readErr, errdefs.ErrDataLoss)) {
-		return readErr
+	st, err := s.readRaw()
+	if tolerateCorrupt && errors.Is(err, errdefs.ErrDataLoss) {
+		st, err = &rawState{}, nil
 	}
-	if readErr != nil {
-		st = &stateFile{}
+	if err != nil {
+		return err
 	}
-	changed, err := fn(st, readErr)
+	changed, err := fn(st)
 	if err != nil || !changed {
 		return err
 	}
-	st.Version = stateVersion
-	st.Generation++
+	st.header.Version = stateVersion
+	st.header.Generation++
 	return s.writeLocked(st)
 }
 
@@ -261,46 +317,131 @@ func flock(f *os.File, how int) error {
 	}
 }
 
-// read parses the state file; a missing file is an empty state. A file
-// that does not parse wraps errdefs.ErrDataLoss.
-func (s *Store) read() (*stateFile, error) {
+// readFile returns the state file's bytes, nil when there is none.
+func (s *Store) readFile() ([]byte, error) {
 	b, err := os.ReadFile(s.path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return &stateFile{Version: stateVersion}, nil
+		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read NUMA state: %w", err)
 	}
+	return b, nil
+}
+
+func (s *Store) corrupt(detail any) error {
+	return fmt.Errorf("NUMA state %s is corrupt (a shim start's Reconcile rewrites it): %v: %w", s.path, detail, errdefs.ErrDataLoss)
+}
+
+func (s *Store) checkVersion(v int) error {
+	if v > stateVersion {
+		return fmt.Errorf("NUMA state %s has format %d, newer than this shim's %d: %w", s.path, v, stateVersion, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+// readFull decodes the whole state file; a missing file is an empty
+// state. A file that does not parse wraps errdefs.ErrDataLoss.
+func (s *Store) readFull() (*stateFile, error) {
+	b, err := s.readFile()
+	if err != nil || b == nil {
+		return &stateFile{Version: stateVersion}, err
+	}
 	var st stateFile
 	if err := json.Unmarshal(b, &st); err != nil {
-		return nil, fmt.Errorf("NUMA state %s is corrupt (a shim start's Reconcile rewrites it): %v: %w", s.path, err, errdefs.ErrDataLoss)
+		return nil, s.corrupt(err)
 	}
-	if st.Version > stateVersion {
-		return nil, fmt.Errorf("NUMA state %s has format %d, newer than this shim's %d: %w", s.path, st.Version, stateVersion, errdefs.ErrFailedPrecondition)
+	return &st, s.checkVersion(st.Version)
+}
+
+// readRaw reads the state file for an update: it decodes the header line
+// and keeps the reservation lines as they are. A file not laid out as the
+// Store writes it (edited by hand) is decoded whole, and its summaries
+// recomputed.
+func (s *Store) readRaw() (*rawState, error) {
+	b, err := s.readFile()
+	if err != nil || b == nil {
+		return &rawState{header: stateHeader{Version: stateVersion}}, err
 	}
-	return &st, nil
+	st := &rawState{}
+	head, rest, _ := bytes.Cut(b, []byte{'\n'})
+	if h, ok := bytes.CutSuffix(head, []byte(reservationsKey)); ok {
+		if err := json.Unmarshal(append(h, '}'), &st.header); err != nil {
+			return nil, s.corrupt(err)
+		}
+		if err := s.checkVersion(st.header.Version); err != nil {
+			return nil, err
+		}
+		for {
+			line, after, found := bytes.Cut(rest, []byte{'\n'})
+			if string(line) == closingLine && len(bytes.TrimSpace(after)) == 0 {
+				return st, nil
+			}
+			if !found || len(line) == 0 {
+				return nil, s.corrupt("no closing line")
+			}
+			st.lines = append(st.lines, bytes.TrimSuffix(line, []byte{','}))
+			rest = after
+		}
+	}
+	full, err := s.readFull()
+	if err != nil {
+		return nil, err
+	}
+	st.header = stateHeader{Version: full.Version, Generation: full.Generation}
+	ps := make([]Placement, len(full.Reservations))
+	for i, res := range full.Reservations {
+		line, err := json.Marshal(res)
+		if err != nil {
+			return nil, err
+		}
+		st.lines = append(st.lines, line)
+		ps[i] = res.Placement
+	}
+	st.header.Nodes = summarize(ps)
+	return st, nil
 }
 
 // writeLocked replaces the state file atomically and durably: temporary
 // file, fsync, rename, fsync of the directory. The caller holds the lock,
 // so one fixed temporary name serves; a leftover from a killed writer is
 // truncated.
-func (s *Store) writeLocked(st *stateFile) error {
-	b, err := json.Marshal(st)
+func (s *Store) writeLocked(st *rawState) error {
+	if st.header.Nodes == nil {
+		st.header.Nodes = []nodeSummary{}
+	}
+	head, err := json.Marshal(st.header)
 	if err != nil {
 		return fmt.Errorf("encode NUMA state: %w", err)
 	}
+	size := len(head) + len(reservationsKey) + len(closingLine) + 2
+	for _, l := range st.lines {
+		size += len(l) + 2
+	}
+	b := make([]byte, 0, size)
+	b = append(append(b, head[:len(head)-1]...), reservationsKey+"\n"...)
+	for i, l := range st.lines {
+		b = append(b, l...)
+		if i < len(st.lines)-1 {
+			b = append(b, ',')
+		}
+		b = append(b, '\n')
+	}
+	b = append(b, closingLine+"\n"...)
+
 	f, err := os.OpenFile(s.tmpPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("write NUMA state: %w", err)
 	}
-	half := len(b) / 2
-	_, err = f.Write(b[:half])
-	if err == nil && testHook != nil {
-		testHook("tmp-partial")
+	if testHook != nil {
+		half := len(b) / 2
+		if _, err = f.Write(b[:half]); err == nil {
+			testHook("tmp-partial")
+		}
+		b = b[half:]
 	}
 	if err == nil {
-		_, err = f.Write(b[half:])
+		_, err = f.Write(b)
 	}
 	if err == nil {
 		err = f.Sync()
@@ -328,21 +469,25 @@ func (s *Store) writeLocked(st *stateFile) error {
 	return nil
 }
 
-func (st *stateFile) find(owner string) int {
-	for i := range st.Reservations {
-		if st.Reservations[i].Owner == owner {
+// find returns the index of the owner's line, or -1. Each line starts
+// with the owner, encoded as json.Marshal encodes it.
+func (st *rawState) find(owner string) int {
+	q, _ := json.Marshal(owner)
+	prefix := append(append([]byte(`{"owner":`), q...), ',')
+	for i, l := range st.lines {
+		if bytes.HasPrefix(l, prefix) {
 			return i
 		}
 	}
 	return -1
 }
 
-func (st *stateFile) placements() []Placement {
-	ps := make([]Placement, len(st.Reservations))
-	for i := range st.Reservations {
-		ps[i] = st.Reservations[i].Placement
+func (st *rawState) decode(i int) (reservation, error) {
+	var res reservation
+	if err := json.Unmarshal(st.lines[i], &res); err != nil {
+		return res, fmt.Errorf("NUMA state: reservation %d is corrupt: %v: %w", i, err, errdefs.ErrDataLoss)
 	}
-	return ps
+	return res, nil
 }
 
 // holderAlive: the process runs and is the same one (same start time).

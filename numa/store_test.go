@@ -147,11 +147,16 @@ func TestStoreReconcile(t *testing.T) {
 	reserve("leaked", 2, ModeDedicated)
 	reserve("inflight", 1, ModeNode)
 	// "leaked" and "defined" were reserved by a shim that died since.
-	if err := s.update(func(st *stateFile) (bool, error) {
-		for i := range st.Reservations {
-			if st.Reservations[i].Owner != "inflight" {
-				st.Reservations[i].Holder = &dead
+	if err := s.update(func(st *rawState) (bool, error) {
+		for i := range st.lines {
+			res, err := st.decode(i)
+			if err != nil {
+				return false, err
 			}
+			if res.Owner != "inflight" {
+				res.Holder = &dead
+			}
+			st.lines[i], _ = json.Marshal(res)
 		}
 		return true, nil
 	}); err != nil {

@@ -142,12 +142,12 @@ type Placement struct {
 	// CPUs are the host CPUs the VM runs on: in node mode the shared
 	// CPUs its vCPUs float over (<vcpu cpuset>); in dedicated mode its
 	// exclusive CPUs.
-	CPUs []int `json:"cpus,omitempty"`
+	CPUs CPUList `json:"cpus,omitempty"`
 	// VCPUPins (dedicated): vCPU i runs on host CPU VCPUPins[i] only.
 	VCPUPins []int `json:"vcpuPins,omitempty"`
 	// EmulatorCPUs (dedicated): the node's housekeeping CPUs, for QEMU's
 	// emulator and I/O threads (<emulatorpin>). Never dedicated to any VM.
-	EmulatorCPUs []int `json:"emulatorCPUs,omitempty"`
+	EmulatorCPUs CPUList `json:"emulatorCPUs,omitempty"`
 	// GuestNodes (spread only): guest NUMA cell i is GuestNodes[i].
 	GuestNodes []GuestNode `json:"guestNodes,omitempty"`
 }
@@ -161,7 +161,7 @@ type GuestNode struct {
 	// MemoryMiB is the cell's memory.
 	MemoryMiB int `json:"memoryMiB"`
 	// CPUs are the host CPUs of HostNode these vCPUs float over.
-	CPUs []int `json:"cpus"`
+	CPUs CPUList `json:"cpus"`
 }
 
 // Spread reports whether the VM spans more than one host node.
