@@ -12,7 +12,8 @@
 //   - Store runs Place under a cross-process file lock against a state
 //     file, so concurrent shims never decide on the same state.
 //   - Usage, Overlaps and Describe report what is held, for `check` and
-//     tests.
+//     tests: Describe(os.Stdout, topo, policy, snapshot) prints the
+//     topology, each node's use and every reservation.
 //
 // # Modes
 //
@@ -74,7 +75,10 @@
 // exclusive flock on path.lock while it reads the file, decides and
 // replaces it by write-temporary, fsync, rename, fsync directory; a killed
 // process loses the lock with its descriptors and leaves the old or the
-// new file, never a torn one. Each reservation records the process that
+// new file, never a torn one. The file carries per-node summaries and one
+// reservation per line, so a Reserve decodes the summaries and copies the
+// other lines instead of decoding every placement; Reconcile recomputes
+// the summaries from the reservations. Each reservation records the process that
 // made it (pid and start time). Store.Reconcile, run at shim start, keeps
 // what libvirt's domains carry in their metadata plus reservations whose
 // process still runs (another shim between Reserve and defining its

@@ -196,7 +196,7 @@ func run(arrivals int, seed uint64, lifetime float64, dir, diskDir string) error
 		arrivals, seed, vcpus/float64(arrivals), mem/float64(arrivals), lifetime, vcpus/float64(arrivals)*lifetime, mem/float64(arrivals)*lifetime)
 	fmt.Printf("ours and first-fit: cpu_threshold %g, mem_threshold %g, no spread; cpu-manager: exclusive CPUs, no overcommit, splits allowed\n",
 		numa.DefaultCPUThreshold, numa.DefaultMemThreshold)
-	fmt.Printf("store directory %s; load average %s\n", dir, strings.TrimSpace(string(load)))
+	fmt.Printf("store state file in %s; load average %s\n", dir, strings.TrimSpace(string(load)))
 
 	out := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(out, "host\tplacer\tadmitted before 1st reject\tadmitted\trejected\tsplit VMs\tworst |cpu-mem|\tmean |cpu-mem|\tworst mem spread\tworst cpu spread\t")
@@ -221,7 +221,7 @@ func run(arrivals int, seed uint64, lifetime float64, dir, diskDir string) error
 			fmt.Fprintf(out, "%s\t%s\t%d\t%d\t%d\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t\n", h.name, r.placer, r.beforeFirstReject,
 				r.admitted, r.rejected, r.split, r.worstImbalance, r.meanImbalance, r.worstMemSpread, r.worstCPUSpread)
 			if o, ok := p.(*ours); ok {
-				lat = append(lat, latencyRow{h.name, fmt.Sprintf("tmpfs? %s", dir), o})
+				lat = append(lat, latencyRow{h.name, o})
 			}
 		}
 		os.RemoveAll(work)
@@ -250,8 +250,8 @@ func run(arrivals int, seed uint64, lifetime float64, dir, diskDir string) error
 }
 
 type latencyRow struct {
-	host, where string
-	o           *ours
+	host string
+	o    *ours
 }
 
 func writeLatency(w *tabwriter.Writer, host, call string, d []time.Duration) {

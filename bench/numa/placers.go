@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"reflect"
 	"slices"
 	"time"
 
@@ -12,7 +13,8 @@ import (
 
 // ours places through a numa.Store on a real state file: every decision
 // takes the file lock, reads the state, runs numa.Place and writes the
-// state back. It also times numa.Place alone on the same state.
+// state back. It also times numa.Place alone on the same state, and
+// checks that both decide the same.
 type ours struct {
 	store                   *numa.Store
 	t                       *numa.Topology
@@ -27,7 +29,7 @@ func owner(vm int) string { return fmt.Sprint("vm-", vm) }
 func (o *ours) add(vm int, s vmSize) (bool, bool, error) {
 	r := numa.Request{Owner: owner(vm), VCPUs: s.vcpus, MemoryMiB: s.memGiB << 10}
 	start := time.Now()
-	_, perr := numa.Place(o.t, o.store.Policy(), o.current, r)
+	want, perr := numa.Place(o.t, o.store.Policy(), o.current, r)
 	o.place = append(o.place, time.Since(start))
 
 	start = time.Now()
@@ -41,6 +43,9 @@ func (o *ours) add(vm int, s vmSize) (bool, bool, error) {
 	}
 	if err != nil {
 		return false, false, err
+	}
+	if !reflect.DeepEqual(pl, want) {
+		return false, false, fmt.Errorf("the store placed %s as %+v, Place on the same state as %+v", r.Owner, pl, want)
 	}
 	o.current = append(o.current, pl)
 	return true, pl.Spread(), nil
