@@ -1,0 +1,35 @@
+#!/bin/sh
+# User-data for the cloud image's boot tests (hack/cloudimage/boot_test.go
+# and the integration tests). cloud-init runs it once, as root, late in boot
+# (cloud-final, scripts_user), after it has applied hostname, SSH keys and
+# network from the config drive. It reports what the guest ended up with on
+# the first serial port, one "KVM-CLOUD-<WHAT> <value>" line each, so a test
+# can assert them from the console log. Nothing else in the image prints
+# these words.
+out=/dev/ttyS0
+say() { printf '\nKVM-CLOUD-%s\n' "$*" >"$out"; }
+
+say "USERDATA-RAN"
+say "HOSTNAME $(hostname)"
+say "INSTANCE-ID $(cat /var/lib/cloud/data/instance-id 2>/dev/null)"
+for a in $(ip -o addr show scope global | awk '{print $4}'); do
+	say "ADDR $a"
+done
+# Gateways of the default routes (one line per next hop).
+for gw in $(ip -4 route show default | grep -o 'via [^ ]*' | cut -d' ' -f2); do
+	say "GW4 $gw"
+done
+for gw in $(ip -6 route show default | grep -o 'via [^ ]*' | cut -d' ' -f2); do
+	say "GW6 $gw"
+done
+for d in $(resolvectl dns 2>/dev/null | sed -n 's/^Link [0-9]* ([^)]*)://p'); do
+	say "DNS $d"
+done
+for d in $(resolvectl domain 2>/dev/null | sed -n 's/^Link [0-9]* ([^)]*)://p'); do
+	say "SEARCH $d"
+done
+grep -v '^#' /home/debian/.ssh/authorized_keys 2>/dev/null | while read -r k; do
+	say "SSHKEY $k"
+done
+say "UPTIME $(cut -d' ' -f1 /proc/uptime)"
+say "DONE"
