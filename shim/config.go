@@ -12,6 +12,7 @@ import (
 	"github.com/containerd/containerd/errdefs"
 	"github.com/pelletier/go-toml/v2"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/configdrive"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
@@ -65,6 +66,11 @@ type Config struct {
 	NUMAAllowSpread bool `toml:"numa_allow_spread"`
 	// ReservedCPUs are host CPUs never given to VMs, e.g. "0-1".
 	ReservedCPUs string `toml:"reserved_cpus"`
+	// ConfigDriveFormat is the default config drive: "vfat" (nova's
+	// default, readable by Windows' cloudbase-init) or "iso9660".
+	ConfigDriveFormat string `toml:"config_drive_format"`
+	// AvailabilityZone goes into meta_data.json.
+	AvailabilityZone string `toml:"availability_zone"`
 	// KernelCmdline is used for direct kernel boot unless the pod sets
 	// the kernel-cmdline annotation.
 	KernelCmdline string `toml:"kernel_cmdline"`
@@ -73,25 +79,27 @@ type Config struct {
 // DefaultConfig returns the built-in defaults.
 func DefaultConfig() Config {
 	return Config{
-		LibvirtURI:       "qemu:///system",
-		LibvirtSocket:    vm.DefaultSocket,
-		Accel:            "auto",
-		StateDir:         "/var/lib/containerd-shim-kvm-v1",
-		QEMUBinary:       "/usr/bin/qemu-system-x86_64",
-		QEMUWrapper:      "/usr/local/libexec/containerd-shim-kvm-v1/kvm-qemu-wrapper",
-		QEMUUser:         "libvirt-qemu",
-		QEMUImg:          "/usr/bin/qemu-img",
-		Machine:          "q35",
-		DefaultVCPUs:     1,
-		DefaultMemoryMiB: 512,
-		MaxVCPUs:         64,
-		MaxMemoryMiB:     256 * 1024,
-		MaxNetQueues:     4,
-		VNetHdr:          true,
-		NUMAMode:         "node",
-		CPUThreshold:     4,
-		MemThreshold:     1,
-		KernelCmdline:    "console=ttyS0",
+		LibvirtURI:        "qemu:///system",
+		LibvirtSocket:     vm.DefaultSocket,
+		Accel:             "auto",
+		StateDir:          "/var/lib/containerd-shim-kvm-v1",
+		QEMUBinary:        "/usr/bin/qemu-system-x86_64",
+		QEMUWrapper:       "/usr/local/libexec/containerd-shim-kvm-v1/kvm-qemu-wrapper",
+		QEMUUser:          "libvirt-qemu",
+		QEMUImg:           "/usr/bin/qemu-img",
+		Machine:           "q35",
+		DefaultVCPUs:      1,
+		DefaultMemoryMiB:  512,
+		MaxVCPUs:          64,
+		MaxMemoryMiB:      256 * 1024,
+		MaxNetQueues:      4,
+		VNetHdr:           true,
+		NUMAMode:          "node",
+		CPUThreshold:      4,
+		MemThreshold:      1,
+		ConfigDriveFormat: "vfat",
+		AvailabilityZone:  "nova",
+		KernelCmdline:     "console=ttyS0",
 	}
 }
 
@@ -155,6 +163,9 @@ func (c *Config) validate() error {
 	}
 	if _, _, err := vm.ChooseAccel(c.Accel, vm.KVMInfo{Usable: true}); err != nil {
 		return err
+	}
+	if _, err := configdrive.ParseFormat(c.ConfigDriveFormat); err != nil {
+		return fmt.Errorf("config_drive_format: %v", err)
 	}
 	if _, err := numa.ParseMode(c.NUMAMode); err != nil {
 		return fmt.Errorf("numa_mode: %v", err)

@@ -70,10 +70,8 @@ func newHost(ctx context.Context, cfg Config, kvm vm.KVMInfo) (*host, error) {
 		log.G(ctx).Warn(warning)
 	}
 	l := layout{root: cfg.StateDir}
-	for _, d := range []string{l.root, filepath.Join(l.root, "vms"), filepath.Join(l.root, "pods")} {
-		if err := os.MkdirAll(d, 0o711); err != nil {
-			return nil, fmt.Errorf("create state dir: %w", err)
-		}
+	if err := l.ensure(); err != nil {
+		return nil, err
 	}
 	// The console socket path must fit a sockaddr_un.
 	if sock := filepath.Join(l.vmDir("0123456789ab"), "console.sock"); len(sock) > 107 {

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -94,6 +95,20 @@ func pathSegment(s string) string {
 type layout struct{ root string }
 
 func (l layout) vmDir(domain string) string { return filepath.Join(l.root, "vms", domain) }
+
+// ensure creates the state dir's top levels searchable by the QEMU user
+// (o+x), whichever task comes first; the pods' own dirs stay private.
+func (l layout) ensure() error {
+	for _, d := range []string{l.root, filepath.Join(l.root, "vms"), filepath.Join(l.root, "pods")} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return fmt.Errorf("create state dir: %w", err)
+		}
+		if err := os.Chmod(d, 0o711); err != nil {
+			return fmt.Errorf("create state dir: %w", err)
+		}
+	}
+	return nil
+}
 
 func (l layout) podDir(podUID string) string {
 	return filepath.Join(l.root, "pods", pathSegment(podUID))

@@ -41,6 +41,9 @@ func createSandboxTask(l layout, r createRequest, ident vmIdentity, publish func
 			StateDir: l.root, PodUID: ident.PodUID, Pid: os.Getpid(),
 		},
 	}
+	if err := l.ensure(); err != nil {
+		return nil, err
+	}
 	if err := writeRecord(r.bundle, &t.rec); err != nil {
 		return nil, fmt.Errorf("write task record: %w", err)
 	}

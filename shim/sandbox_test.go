@@ -121,3 +121,16 @@ func TestWriteRuntimeInfo(t *testing.T) {
 		t.Errorf("features %q: %v", info.Features.GetValue(), err)
 	}
 }
+
+// A sandbox that comes first on a fresh node must not make the state dir
+// unreachable for the QEMU user.
+func TestSandboxFirstKeepsStateDirSearchable(t *testing.T) {
+	l := layout{root: filepath.Join(t.TempDir(), "state")}
+	newSandbox(t, l, "sb1", "pod-1")
+	for _, d := range []string{l.root, filepath.Join(l.root, "vms"), filepath.Join(l.root, "pods")} {
+		st, err := os.Stat(d)
+		if err != nil || st.Mode().Perm()&0o001 == 0 {
+			t.Errorf("%s: mode %v, %v", d, st.Mode(), err)
+		}
+	}
+}

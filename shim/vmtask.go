@@ -19,6 +19,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/configdrive"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
@@ -67,6 +68,10 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	pageKiB, err := hugePageKiB(r.spec)
 	if err != nil {
 		return nil, err
+	}
+	driveOpts, err := configdrive.FromAnnotations(r.spec.Annotations, configdrive.Format(h.cfg.ConfigDriveFormat))
+	if err != nil {
+		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
 	}
 	if pageMiB := int(pageKiB / 1024); pageMiB > 1 {
 		memMiB = (memMiB + pageMiB - 1) / pageMiB * pageMiB
@@ -152,6 +157,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		HugePageKiB: pageKiB,
 	}
 	var fdServer *netfd.Server
+	var guestNet *configdrive.Network
 	if r.netns != "" {
 		n, pn, srv, err := setupNetwork(ctx, h, r.netns, name, ident.runtimeKey(), vcpus, &undo)
 		if err != nil {
@@ -162,15 +168,25 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 			return nil, fmt.Errorf("write task record: %w", err)
 		}
 		spec.Emulator = h.cfg.QEMUWrapper
+		dns, search, err := netfd.ReadResolvConf(resolvConf(r.spec))
+		if err != nil {
+			log.G(ctx).WithError(err).Warn("read the pod's resolv.conf")
+		}
 		if src.Kernel != "" {
-			dns, _, err := netfd.ReadResolvConf(resolvConf(r.spec))
-			if err != nil {
-				log.G(ctx).WithError(err).Warn("read the pod's resolv.conf")
-			}
 			if arg := ipKernelArg(pn, dns, hostname(ident)); arg != "" {
 				cmdline += " " + arg
 			}
 		}
+		if guestNet, err = driveNetwork(pn, dns, search); err != nil {
+			return nil, err
+		}
+	}
+	if !driveOpts.Disabled {
+		cd, err := buildConfigDrive(ctx, h, ident, vmDir, guestNet, driveOpts)
+		if err != nil {
+			return nil, err
+		}
+		spec.ConfigDrive = cd
 	}
 	if src.Disk != "" {
 		disk, err := prepareDisk(ctx, h, rootfs, src.Disk, vmDir, rec.Overlay, &undo)

@@ -143,11 +143,12 @@ type clockXML struct {
 }
 
 type devicesXML struct {
-	Emulator   string         `xml:"emulator"`
-	Disks      []diskXML      `xml:"disk"`
-	Serials    []serialXML    `xml:"serial"`
-	RNGs       []rngXML       `xml:"rng"`
-	MemBalloon *memBalloonXML `xml:"memballoon,omitempty"`
+	Emulator    string          `xml:"emulator"`
+	Disks       []diskXML       `xml:"disk"`
+	Controllers []controllerXML `xml:"controller"`
+	Serials     []serialXML     `xml:"serial"`
+	RNGs        []rngXML        `xml:"rng"`
+	MemBalloon  *memBalloonXML  `xml:"memballoon,omitempty"`
 }
 
 type diskXML struct {
@@ -172,6 +173,12 @@ type diskSourceXML struct {
 type diskTargetXML struct {
 	Dev string `xml:"dev,attr"`
 	Bus string `xml:"bus,attr"`
+}
+
+type controllerXML struct {
+	Type  string `xml:"type,attr"`
+	Index int    `xml:"index,attr"`
+	Model string `xml:"model,attr"`
 }
 
 type serialXML struct {

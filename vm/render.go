@@ -20,6 +20,7 @@ var configurators = []configurator{
 	configurePinning,
 	configureBoot,
 	configureDisk,
+	configureConfigDrive,
 	configureConsole,
 	configureDevices,
 }
@@ -153,6 +154,26 @@ func configureDisk(s *Spec, d *domainXML) {
 		Source: diskSourceXML{File: s.Disk.Path},
 		Target: diskTargetXML{Dev: "vda", Bus: "virtio"},
 	})
+}
+
+func configureConfigDrive(s *Spec, d *domainXML) {
+	cd := s.ConfigDrive
+	if cd == nil {
+		return
+	}
+	disk := diskXML{
+		Type:     "file",
+		Device:   "disk",
+		Driver:   diskDriverXML{Name: "qemu", Type: "raw"},
+		Source:   diskSourceXML{File: cd.Path},
+		Target:   diskTargetXML{Dev: "vdz", Bus: "virtio"},
+		ReadOnly: &struct{}{},
+	}
+	if cd.Format == "iso9660" {
+		disk.Device, disk.Target = "cdrom", diskTargetXML{Dev: "sdz", Bus: "scsi"}
+		d.Devices.Controllers = append(d.Devices.Controllers, controllerXML{Type: "scsi", Index: 0, Model: "virtio-scsi"})
+	}
+	d.Devices.Disks = append(d.Devices.Disks, disk)
 }
 
 func configureConsole(s *Spec, d *domainXML) {

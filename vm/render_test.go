@@ -82,7 +82,15 @@ func goldenCases() map[string]Spec {
 		{HostNode: 1, VCPUs: []int{2, 3}, MemoryMiB: 1024},
 	}}
 
+	vfat := baseSpec()
+	vfat.Disk = tcgDisk.Disk
+	vfat.ConfigDrive = &ConfigDrive{Path: "/var/lib/containerd-shim-kvm-v1/vms/x/config-2.img", Format: "vfat"}
+	iso := baseSpec()
+	iso.Kernel = &Kernel{Path: "/k"}
+	iso.ConfigDrive = &ConfigDrive{Path: "/var/lib/containerd-shim-kvm-v1/vms/x/config-2.iso", Format: "iso9660"}
+
 	return map[string]Spec{
+		"configdrive-vfat": vfat, "configdrive-iso": iso,
 		"tcg-disk": tcgDisk, "kvm-kernel": kvmKernel, "escaping": hostile,
 		"numa-node": node, "numa-dedicated": dedicated, "numa-spread": spread,
 	}
@@ -164,7 +172,11 @@ func TestValidateRejects(t *testing.T) {
 		"bad uuid":         func(s *Spec) { s.Disk = &Disk{Path: "/d", Format: "raw"}; s.UUID = "x" },
 		"bad format":       func(s *Spec) { s.Disk = &Disk{Path: "/d", Format: "vmdk"} },
 		"bad accel":        func(s *Spec) { s.Disk = &Disk{Path: "/d", Format: "raw"}; s.Accel = "hvf" },
-		"pins for 1 of 2":  func(s *Spec) { s.Disk = &Disk{Path: "/d", Format: "raw"}; s.Pinning = &Pinning{VCPUPins: []int{3}} },
+		"bad drive format": func(s *Spec) {
+			s.Disk = &Disk{Path: "/d", Format: "raw"}
+			s.ConfigDrive = &ConfigDrive{Path: "/c", Format: "ext4"}
+		},
+		"pins for 1 of 2": func(s *Spec) { s.Disk = &Disk{Path: "/d", Format: "raw"}; s.Pinning = &Pinning{VCPUPins: []int{3}} },
 	}
 	for name, mutate := range cases {
 		s := baseSpec()

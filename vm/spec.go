@@ -34,6 +34,9 @@ type Spec struct {
 	Console Console
 	Meta    Metadata
 
+	// ConfigDrive is attached read-only when set.
+	ConfigDrive *ConfigDrive
+
 	// Pinning places the VM on host CPUs and NUMA nodes; nil floats freely.
 	Pinning *Pinning
 	// HugePages backs guest memory with huge pages of this size; 0 is none.
@@ -67,6 +70,14 @@ type Kernel struct {
 	Path    string
 	Initrd  string // optional
 	Cmdline string
+}
+
+// ConfigDrive is an OpenStack config drive image: vfat goes in as a
+// virtio disk, iso9660 as a CD-ROM on virtio-scsi (guests without AHCI
+// drivers see no SATA CD-ROM).
+type ConfigDrive struct {
+	Path   string
+	Format string // "vfat" or "iso9660"
 }
 
 // Console is the guest's first serial port: a unix socket QEMU listens on,
@@ -115,6 +126,8 @@ func (s *Spec) Validate() error {
 		return fmt.Errorf("unknown disk format %q", s.Disk.Format)
 	case s.Console.Socket == "" || s.Console.Log == "":
 		return errors.New("console socket and log paths are required")
+	case s.ConfigDrive != nil && s.ConfigDrive.Format != "vfat" && s.ConfigDrive.Format != "iso9660":
+		return fmt.Errorf("unknown config drive format %q", s.ConfigDrive.Format)
 	case s.Pinning != nil && len(s.Pinning.VCPUPins) > 0 && len(s.Pinning.VCPUPins) != s.VCPUs:
 		return fmt.Errorf("%d vCPU pins for %d vCPUs", len(s.Pinning.VCPUPins), s.VCPUs)
 	}

@@ -36,5 +36,10 @@ func main() {
 			return
 		}
 	}
-	shimlib.RunManager(context.Background(), shim.Manager{})
+	// QEMU is libvirt's child, not ours: the shim reaps no processes, so
+	// the helpers it runs (qemu-img, mkfs.vfat) are waited for normally.
+	shimlib.RunManager(context.Background(), shim.Manager{}, func(c *shimlib.Config) {
+		c.NoReaper = true
+		c.NoSubreaper = true
+	})
 }

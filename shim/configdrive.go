@@ -1,0 +1,75 @@
+package shim
+
+import (
+	"context"
+	"net/netip"
+	"path/filepath"
+	"time"
+
+	"github.com/containerd/log"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/configdrive"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
+)
+
+// driveNetwork turns the pod network into the config drive's
+// network_data.json: the pod's MAC, MTU, addresses, routes and DNS.
+func driveNetwork(pn netfd.PodNetwork, dns []netip.Addr, search []string) (*configdrive.Network, error) {
+	routes := make([]configdrive.Route, 0, len(pn.Routes))
+	for _, r := range pn.Routes {
+		// On-link routes follow from the address and netmask.
+		if r.Gateway.IsValid() {
+			routes = append(routes, configdrive.Route{Dst: r.Dst, Gateway: r.Gateway})
+		}
+	}
+	n, err := configdrive.NewNetwork(pn.MAC, pn.MTU, pn.Addrs, routes, dns)
+	if err != nil {
+		return nil, err
+	}
+	n.Search = search
+	return n, nil
+}
+
+// buildConfigDrive writes the VM's OpenStack config drive (label config-2)
+// into its runtime dir. It is rebuilt on every create, so it always says
+// what the pod is now.
+func buildConfigDrive(ctx context.Context, h *host, ident vmIdentity, vmDir string, network *configdrive.Network, opts configdrive.Options) (*vm.ConfigDrive, error) {
+	format, err := configdrive.ParseFormat(string(opts.Format))
+	if err != nil {
+		return nil, err
+	}
+	out := filepath.Join(vmDir, "config-2.img")
+	if format == configdrive.FormatISO9660 {
+		out = filepath.Join(vmDir, "config-2.iso")
+	}
+	name := ident.PodName
+	if name == "" {
+		name = ident.ContainerID
+	}
+	meta := map[string]string{}
+	for k, v := range opts.Meta {
+		meta[k] = v
+	}
+	for k, v := range map[string]string{
+		"pod_name": ident.PodName, "pod_namespace": ident.PodNamespace, "pod_uid": ident.PodUID,
+		"container_name": ident.ContainerName, "namespace": ident.Namespace,
+	} {
+		if _, set := meta[k]; !set && v != "" {
+			meta[k] = v
+		}
+	}
+	opts.Meta = meta
+	inst := configdrive.Instance{
+		UUID:             ident.UUID(),
+		Hostname:         configdrive.SanitizeHostname(name),
+		Name:             name,
+		AvailabilityZone: h.cfg.AvailabilityZone,
+	}
+	start := time.Now()
+	if err := configdrive.Build(ctx, vmDir, out, inst, network, opts); err != nil {
+		return nil, err
+	}
+	log.G(ctx).WithField("format", format).WithField("ms", time.Since(start).Milliseconds()).Debug("built config drive")
+	return &vm.ConfigDrive{Path: out, Format: string(format)}, nil
+}
