@@ -15,7 +15,9 @@ const tieEpsilon = 1e-9
 
 // Place chooses where a VM runs, given the topology, the policy and the
 // placements that already exist. It is pure: it reads its arguments and
-// changes nothing; Store.Reserve calls it under the cross-process lock.
+// changes nothing, and it does not look for r.Owner among current (the
+// Store does). Store.Reserve makes the same decision under the
+// cross-process lock.
 //
 // Node mode: a node is eligible when, with the VM added, its floating
 // vCPUs ≤ cpu_threshold × its shared CPUs and its guest memory ≤

@@ -267,8 +267,9 @@ func TestPlaceRejects(t *testing.T) {
 		want    string
 	}{
 		{"no owner", Policy{}, nil, Request{VCPUs: 1, MemoryMiB: 1}, errdefs.IsInvalidArgument, "no owner"},
-		{"no vcpus", Policy{}, nil, Request{Owner: "a", MemoryMiB: 1}, errdefs.IsInvalidArgument, "vcpus must be at least 1, got 0"},
-		{"no memory", Policy{}, nil, Request{Owner: "a", VCPUs: 1}, errdefs.IsInvalidArgument, "memory must be at least 1 MiB, got 0"},
+		{"no vcpus", Policy{}, nil, Request{Owner: "a", MemoryMiB: 1}, errdefs.IsInvalidArgument, "VM a: vcpus must be from 1 to 65536, got 0"},
+		{"no memory", Policy{}, nil, Request{Owner: "a", VCPUs: 1}, errdefs.IsInvalidArgument, "VM a: memory must be from 1 MiB to 1073741824 MiB, got 0"},
+		{"absurd memory", Policy{}, nil, Request{Owner: "a", VCPUs: 1, MemoryMiB: 1 << 40}, errdefs.IsInvalidArgument, "memory must be from 1 MiB"},
 		{"bad mode", Policy{}, nil, Request{Owner: "a", VCPUs: 1, MemoryMiB: 1, Mode: "pinned"}, errdefs.IsInvalidArgument, `unknown NUMA mode "pinned"`},
 		{"bad policy", Policy{CPUThreshold: -1}, nil, req("a", 1, 1), errdefs.IsInvalidArgument, "cpu_threshold = -1"},
 		{"memory larger than any node", Policy{}, nil, req("big", 2, 64), errdefs.IsResourceExhausted,

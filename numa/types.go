@@ -100,6 +100,9 @@ func (p Policy) Validate() error {
 	return nil
 }
 
+// maxMemoryMiB (1 PiB) keeps memory arithmetic in bytes far from overflow.
+const maxMemoryMiB = 1 << 30
+
 // Request asks for one VM's placement.
 type Request struct {
 	// Owner identifies the VM uniquely on the host: its libvirt domain name.
@@ -117,10 +120,10 @@ func (r Request) validate() (Request, error) {
 	switch {
 	case r.Owner == "":
 		return r, fmt.Errorf("NUMA request has no owner: %w", errdefs.ErrInvalidArgument)
-	case r.VCPUs < 1:
-		return r, fmt.Errorf("VM %s: vcpus must be at least 1, got %d: %w", r.Owner, r.VCPUs, errdefs.ErrInvalidArgument)
-	case r.MemoryMiB < 1:
-		return r, fmt.Errorf("VM %s: memory must be at least 1 MiB, got %d: %w", r.Owner, r.MemoryMiB, errdefs.ErrInvalidArgument)
+	case r.VCPUs < 1 || r.VCPUs > maxCPUID:
+		return r, fmt.Errorf("VM %s: vcpus must be from 1 to %d, got %d: %w", r.Owner, maxCPUID, r.VCPUs, errdefs.ErrInvalidArgument)
+	case r.MemoryMiB < 1 || r.MemoryMiB > maxMemoryMiB:
+		return r, fmt.Errorf("VM %s: memory must be from 1 MiB to %d MiB, got %d: %w", r.Owner, maxMemoryMiB, r.MemoryMiB, errdefs.ErrInvalidArgument)
 	}
 	if _, err := ParseMode(string(r.Mode)); err != nil {
 		return r, fmt.Errorf("VM %s: %w", r.Owner, err)
