@@ -284,12 +284,12 @@ func (s *Store) update(fn func(*rawState) (bool, error)) error {
 // when fn reports a change, writing it. With tolerateCorrupt a corrupt
 // state reaches fn as an empty one.
 func (s *Store) lockedDo(tolerateCorrupt bool, fn func(*rawState) (bool, error)) error {
-	lock, err := os.OpenFile(s.lockPath, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+	lock, err := openFile(s.lockPath, unix.O_RDWR|unix.O_CREAT, 0o600)
 	if err != nil {
 		return fmt.Errorf("open NUMA lock: %w", err)
 	}
-	defer lock.Close() // closing the last descriptor releases the lock
-	if err := flock(lock, unix.LOCK_EX); err != nil {
+	defer unix.Close(lock) // closing the last descriptor releases the lock
+	if err := retryEINTR(func() error { return unix.Flock(lock, unix.LOCK_EX) }); err != nil {
 		return fmt.Errorf("lock %s: %w", s.lockPath, err)
 	}
 	st, err := s.readRaw()
@@ -308,25 +308,79 @@ func (s *Store) lockedDo(tolerateCorrupt bool, fn func(*rawState) (bool, error))
 	return s.writeLocked(st)
 }
 
-func flock(f *os.File, how int) error {
+// The Store's I/O uses raw descriptors: an os.File costs more than the
+// system calls themselves here (poller registration, finalizer), and a
+// Reserve opens four files.
+
+func retryEINTR(f func() error) error {
 	for {
-		err := unix.Flock(int(f.Fd()), how)
-		if !errors.Is(err, unix.EINTR) {
+		if err := f(); !errors.Is(err, unix.EINTR) {
 			return err
 		}
 	}
 }
 
+// openFile opens path with O_CLOEXEC; errors are *fs.PathError.
+func openFile(path string, flags int, mode uint32) (int, error) {
+	var fd int
+	err := retryEINTR(func() (err error) {
+		fd, err = unix.Open(path, flags|unix.O_CLOEXEC, mode)
+		return err
+	})
+	if err != nil {
+		return -1, &fs.PathError{Op: "open", Path: path, Err: err}
+	}
+	return fd, nil
+}
+
+func writeAll(fd int, b []byte) error {
+	for len(b) > 0 {
+		var n int
+		err := retryEINTR(func() (err error) {
+			n, err = unix.Write(fd, b)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
 // readFile returns the state file's bytes, nil when there is none.
 func (s *Store) readFile() ([]byte, error) {
-	b, err := os.ReadFile(s.path)
+	fd, err := openFile(s.path, unix.O_RDONLY, 0)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read NUMA state: %w", err)
 	}
-	return b, nil
+	defer unix.Close(fd)
+	size := 4 << 10
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) == nil && st.Size > 0 {
+		size = int(st.Size) + 1 // room to read the end of file at once
+	}
+	b := make([]byte, 0, size)
+	for {
+		if len(b) == cap(b) {
+			b = slices.Grow(b, cap(b))
+		}
+		var n int
+		err := retryEINTR(func() (err error) {
+			n, err = unix.Read(fd, b[len(b):cap(b)])
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("read NUMA state %s: %w", s.path, err)
+		}
+		if n == 0 {
+			return b, nil
+		}
+		b = b[:len(b)+n]
+	}
 }
 
 func (s *Store) corrupt(detail any) error {
@@ -429,24 +483,24 @@ func (s *Store) writeLocked(st *rawState) error {
 	}
 	b = append(b, closingLine+"\n"...)
 
-	f, err := os.OpenFile(s.tmpPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_CLOEXEC, 0o600)
+	f, err := openFile(s.tmpPath, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC, 0o600)
 	if err != nil {
 		return fmt.Errorf("write NUMA state: %w", err)
 	}
 	if testHook != nil {
 		half := len(b) / 2
-		if _, err = f.Write(b[:half]); err == nil {
+		if err = writeAll(f, b[:half]); err == nil {
 			testHook("tmp-partial")
 		}
 		b = b[half:]
 	}
 	if err == nil {
-		_, err = f.Write(b)
+		err = writeAll(f, b)
 	}
 	if err == nil {
-		err = f.Sync()
+		err = unix.Fsync(f)
 	}
-	if cerr := f.Close(); err == nil {
+	if cerr := unix.Close(f); err == nil {
 		err = cerr
 	}
 	if err != nil {
@@ -455,16 +509,16 @@ func (s *Store) writeLocked(st *rawState) error {
 	if testHook != nil {
 		testHook("before-rename")
 	}
-	if err := os.Rename(s.tmpPath, s.path); err != nil {
-		return fmt.Errorf("write NUMA state: %w", err)
+	if err := unix.Rename(s.tmpPath, s.path); err != nil {
+		return fmt.Errorf("write NUMA state: %w", &os.LinkError{Op: "rename", Old: s.tmpPath, New: s.path, Err: err})
 	}
-	dir, err := os.Open(filepath.Dir(s.path))
+	dir, err := openFile(filepath.Dir(s.path), unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return fmt.Errorf("sync NUMA state dir: %w", err)
 	}
-	defer dir.Close()
-	if err := dir.Sync(); err != nil {
-		return fmt.Errorf("sync NUMA state dir: %w", err)
+	defer unix.Close(dir)
+	if err := unix.Fsync(dir); err != nil {
+		return fmt.Errorf("sync NUMA state dir %s: %w", filepath.Dir(s.path), err)
 	}
 	return nil
 }
