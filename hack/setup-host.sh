@@ -21,6 +21,7 @@ PACKAGES=(
 	golang-github-digitalocean-go-libvirt-dev
 	linux-image-cloud-amd64 busybox-static dosfstools mtools syslinux syslinux-common cpio
 	containernetworking-plugins iproute2 ethtool
+	libxml2-utils genisoimage ipxe
 )
 # shellcheck disable=SC2206 # word splitting of the list is intended
 PACKAGES+=(${EXTRA_PACKAGES:-})
