@@ -1,0 +1,403 @@
+package testenv
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"text/template"
+	"time"
+)
+
+// Namespaces the daemons are used with: ctr's default and CRI's.
+const (
+	NamespaceDefault = "default"
+	NamespaceCRI     = "k8s.io"
+)
+
+// Runtime names of the two runtimes every daemon declares.
+const (
+	RuntimeKVM  = "io.containerd.kvm.v1"
+	RuntimeRunc = "io.containerd.runc.v2"
+)
+
+// DefaultCNIBinDir holds Debian's containernetworking-plugins.
+const DefaultCNIBinDir = "/usr/lib/cni"
+
+// Options describe one private containerd.
+type Options struct {
+	// Dir holds everything of this daemon: config, root, state, socket,
+	// logs, the shim's state_dir. It is created with mode 0755: QEMU (the
+	// libvirt-qemu user) must be able to search it, and so must every
+	// parent directory.
+	Dir string
+	// PathPrefix is put first in the daemon's PATH; containerd finds shim
+	// binaries (containerd-shim-kvm-v1) there.
+	PathPrefix string
+	// ShimConfig is TOML appended to the kvm shim's config. testenv writes
+	// libvirt_uri and state_dir (below Dir) itself; do not repeat them.
+	ShimConfig string
+	// SandboxImage is CRI's pause image; it must be imported (no registry).
+	SandboxImage string
+	// Bridge and Subnet name the private CNI network, e.g. "kvmbench0" and
+	// "10.89.20.0/24". Pick names no other user of this host picks.
+	Bridge, Subnet string
+	// CNIBinDir holds the CNI plugins; "" means DefaultCNIBinDir.
+	CNIBinDir string
+	// LogLevel is containerd's log level; "" means "info".
+	LogLevel string
+	// StartTimeout bounds the wait for the daemon and CRI to be ready; 0
+	// means one minute.
+	StartTimeout time.Duration
+}
+
+// Containerd is one private daemon started by Start.
+type Containerd struct {
+	Flavour Flavour
+
+	Dir            string
+	Root           string
+	State          string
+	Opt            string
+	Address        string // gRPC socket (CRI and containerd's API)
+	TTRPCAddress   string
+	ConfigPath     string
+	LogPath        string
+	ShimConfigPath string // the kvm shim's TOML (runtime option ConfigPath)
+	ShimStateDir   string // the kvm shim's state_dir
+	SandboxImage   string
+	CNIBinDir      string
+	CNIConfDir     string
+	CNINetwork     string
+	IPAMDir        string
+	Bridge         string
+	Subnet         string
+	LogLevel       string
+
+	cmd     *exec.Cmd
+	exited  chan struct{} // closed once the process is reaped
+	waitErr error         // set before exited is closed
+}
+
+// Start writes the configs below o.Dir, starts the daemon and waits until it
+// answers and CRI reports the runtime and the network ready. On error the
+// returned Containerd, if not nil, must still be stopped.
+func Start(ctx context.Context, f Flavour, o Options) (*Containerd, error) {
+	if o.Dir == "" || !filepath.IsAbs(o.Dir) {
+		return nil, fmt.Errorf("testenv: Options.Dir %q must be an absolute path", o.Dir)
+	}
+	if o.Bridge == "" || o.Subnet == "" || o.SandboxImage == "" {
+		return nil, errors.New("testenv: Options.Bridge, Subnet and SandboxImage are required")
+	}
+	for _, bin := range []string{f.Containerd, f.Ctr} {
+		if _, err := os.Stat(bin); err != nil {
+			return nil, fmt.Errorf("containerd %s: %w (hack/setup-host.sh installs it)", f.Name, err)
+		}
+	}
+	c := &Containerd{
+		Flavour:        f,
+		Dir:            o.Dir,
+		Root:           filepath.Join(o.Dir, "root"),
+		State:          filepath.Join(o.Dir, "state"),
+		Opt:            filepath.Join(o.Dir, "opt"),
+		Address:        filepath.Join(o.Dir, "containerd.sock"),
+		TTRPCAddress:   filepath.Join(o.Dir, "containerd.sock.ttrpc"),
+		ConfigPath:     filepath.Join(o.Dir, "config.toml"),
+		LogPath:        filepath.Join(o.Dir, "containerd.log"),
+		ShimConfigPath: filepath.Join(o.Dir, "kvm-shim.toml"),
+		ShimStateDir:   filepath.Join(o.Dir, "shim-state"),
+		SandboxImage:   o.SandboxImage,
+		CNIBinDir:      o.CNIBinDir,
+		CNIConfDir:     filepath.Join(o.Dir, "cni", "net.d"),
+		CNINetwork:     "testenv-" + o.Bridge,
+		IPAMDir:        filepath.Join(o.Dir, "cni", "ipam"),
+		Bridge:         o.Bridge,
+		Subnet:         o.Subnet,
+		LogLevel:       o.LogLevel,
+	}
+	if c.CNIBinDir == "" {
+		c.CNIBinDir = DefaultCNIBinDir
+	}
+	if c.LogLevel == "" {
+		c.LogLevel = "info"
+	}
+	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(o.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(c.CNIConfDir, 0o755); err != nil {
+		return nil, err
+	}
+	if err := c.writeConfigs(o.ShimConfig); err != nil {
+		return nil, err
+	}
+
+	logf, err := os.Create(c.LogPath)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	c.cmd = exec.Command(f.Containerd, "--config", c.ConfigPath)
+	c.cmd.Stdout, c.cmd.Stderr = logf, logf
+	path := os.Getenv("PATH")
+	if o.PathPrefix != "" {
+		path = o.PathPrefix + ":" + path
+	}
+	c.cmd.Env = append(os.Environ(), "PATH="+path)
+	// Its own process group: a ^C to the caller must not kill the daemon
+	// before the caller has cleaned up through it.
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := c.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start containerd %s: %w", f.Name, err)
+	}
+	c.exited = make(chan struct{})
+	go func() {
+		c.waitErr = c.cmd.Wait()
+		close(c.exited)
+	}()
+
+	timeout := o.StartTimeout
+	if timeout == 0 {
+		timeout = time.Minute
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := c.waitReady(ctx); err != nil {
+		return c, fmt.Errorf("containerd %s did not get ready: %w\nlog tail:\n%s", f.Name, err, c.LogTail(0, 40))
+	}
+	return c, nil
+}
+
+func (c *Containerd) writeConfigs(shimExtra string) error {
+	files := []struct {
+		path string
+		tmpl *template.Template
+	}{
+		{c.ConfigPath, c.Flavour.config},
+		{filepath.Join(c.CNIConfDir, "10-testenv.conflist"), cniTemplate},
+		{c.ShimConfigPath, shimHeadTemplate},
+	}
+	for _, f := range files {
+		var b bytes.Buffer
+		if err := f.tmpl.Execute(&b, c); err != nil {
+			return fmt.Errorf("render %s: %w", f.path, err)
+		}
+		if f.path == c.ShimConfigPath && shimExtra != "" {
+			b.WriteString(strings.TrimSpace(shimExtra) + "\n")
+		}
+		if err := os.WriteFile(f.path, b.Bytes(), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// waitReady polls until ctr reaches the daemon and CRI is ready.
+func (c *Containerd) waitReady(ctx context.Context) error {
+	err := Poll(ctx, 100*time.Millisecond, func() (bool, string) {
+		if c.Exited() {
+			return true, ""
+		}
+		r := c.Ctr(ctx, "", "version")
+		return r.Err == nil, r.String()
+	})
+	if c.Exited() {
+		return fmt.Errorf("exited: %v", c.waitErr)
+	}
+	if err != nil {
+		return err
+	}
+	cl, err := c.DialCRI()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	return cl.WaitReady(ctx)
+}
+
+// Exited reports whether the daemon process has ended.
+func (c *Containerd) Exited() bool {
+	if c.exited == nil {
+		return false
+	}
+	select {
+	case <-c.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// Pid is the daemon's process id, 0 before it started.
+func (c *Containerd) Pid() int {
+	if c.cmd == nil || c.cmd.Process == nil {
+		return 0
+	}
+	return c.cmd.Process.Pid
+}
+
+// Stop ends the daemon (SIGTERM, then SIGKILL after 30 s), then kills and
+// reports shim processes still serving it, unmounts what is left below Dir
+// and deletes the CNI bridge. It does not remove Dir: the caller decides
+// whether logs are kept. Errors list what had to be cleaned up.
+func (c *Containerd) Stop() error {
+	var errs []error
+	if c.cmd != nil && c.cmd.Process != nil {
+		select {
+		case <-c.exited:
+			errs = append(errs, fmt.Errorf("containerd %s had exited early: %v", c.Flavour.Name, c.waitErr))
+		default:
+			_ = c.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-c.exited:
+			case <-time.After(30 * time.Second):
+				errs = append(errs, fmt.Errorf("containerd %s ignored SIGTERM for 30s; killed", c.Flavour.Name))
+				_ = c.cmd.Process.Kill()
+				<-c.exited
+			}
+		}
+	}
+	for _, p := range c.ShimProcesses() {
+		errs = append(errs, fmt.Errorf("containerd %s: leftover shim process %d: %s", c.Flavour.Name, p.Pid, p.Cmdline))
+		_ = syscall.Kill(p.Pid, syscall.SIGKILL)
+	}
+	if err := UnmountAll(c.Dir); err != nil {
+		errs = append(errs, err)
+	}
+	// CNI bridges outlive their pods by design; this one is ours.
+	if _, err := os.Stat(filepath.Join("/sys/class/net", c.Bridge)); err == nil {
+		if out, err := exec.Command("ip", "link", "del", c.Bridge).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("ip link del %s: %v: %s", c.Bridge, err, out))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// LogSize is the daemon log's current size, a mark for LogTail.
+func (c *Containerd) LogSize() int64 {
+	fi, err := os.Stat(c.LogPath)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// LogTail returns the last n lines the daemon logged after byte offset from.
+func (c *Containerd) LogTail(from int64, n int) string {
+	b, err := os.ReadFile(c.LogPath)
+	if err != nil {
+		return err.Error()
+	}
+	if from > int64(len(b)) {
+		from = 0
+	}
+	return Tail(string(b[from:]), n)
+}
+
+// Result is the outcome of one ctr command.
+type Result struct {
+	Args           []string
+	Stdout, Stderr string
+	Code           int // exit status; -1 when it did not run or was killed
+	Err            error
+}
+
+func (r Result) String() string {
+	return fmt.Sprintf("ctr %s: exit %d (%v)\nstdout: %s\nstderr: %s",
+		strings.Join(r.Args, " "), r.Code, r.Err, strings.TrimSpace(r.Stdout), strings.TrimSpace(r.Stderr))
+}
+
+// Ctr runs this flavour's ctr against the daemon in namespace ns ("" for
+// ctr's default) and waits for it, at most two minutes.
+func (c *Containerd) Ctr(ctx context.Context, ns string, args ...string) Result {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	cmd := c.CtrCmd(ctx, ns, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	r := Result{Args: cmd.Args[1:], Stdout: stdout.String(), Stderr: stderr.String(), Code: -1, Err: err}
+	if cmd.ProcessState != nil {
+		r.Code = cmd.ProcessState.ExitCode()
+	}
+	return r
+}
+
+// CtrCmd returns, unstarted, ctr with the daemon's address and namespace ns.
+func (c *Containerd) CtrCmd(ctx context.Context, ns string, args ...string) *exec.Cmd {
+	full := []string{"--address", c.Address}
+	if ns != "" {
+		full = append(full, "--namespace", ns)
+	}
+	return exec.CommandContext(ctx, c.Flavour.Ctr, append(full, args...)...)
+}
+
+// Import imports an image archive into each namespace and returns the
+// image name it carries.
+func (c *Containerd) Import(ctx context.Context, archive string, namespaces ...string) (string, error) {
+	ref, err := ArchiveImageName(archive)
+	if err != nil {
+		return "", err
+	}
+	for _, ns := range namespaces {
+		if r := c.Ctr(ctx, ns, "images", "import", archive); r.Err != nil {
+			return "", fmt.Errorf("containerd %s: import %s into %s: %v", c.Flavour.Name, archive, ns, r)
+		}
+	}
+	return ref, nil
+}
+
+// Version is the daemon's version as `ctr version` reports it (Server).
+func (c *Containerd) Version(ctx context.Context) (string, error) {
+	r := c.Ctr(ctx, "", "version")
+	if r.Err != nil {
+		return "", fmt.Errorf("%v", r)
+	}
+	return serverVersion(r.Stdout)
+}
+
+// serverVersion finds the server's Version in `ctr version` output.
+func serverVersion(out string) (string, error) {
+	_, server, ok := strings.Cut(out, "Server:")
+	if !ok {
+		return "", fmt.Errorf("ctr version: no Server section: %s", out)
+	}
+	for _, line := range strings.Split(server, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "Version:"); ok {
+			return strings.TrimSpace(v), nil
+		}
+	}
+	return "", fmt.Errorf("ctr version: no server version: %s", out)
+}
+
+// Poll calls cond every interval until it reports done or ctx ends; the
+// error then carries cond's last detail.
+func Poll(ctx context.Context, interval time.Duration, cond func() (done bool, detail string)) error {
+	for {
+		done, detail := cond()
+		if done {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %s", ctx.Err(), detail)
+		case <-time.After(interval):
+		}
+	}
+}
+
+// Tail returns the last n lines of s.
+func Tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

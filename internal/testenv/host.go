@@ -1,0 +1,283 @@
+package testenv
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/digitalocean/go-libvirt"
+	"github.com/digitalocean/go-libvirt/socket/dialers"
+)
+
+// Process is a process found in /proc.
+type Process struct {
+	Pid     int
+	Cmdline string
+}
+
+// ShimProcesses lists the containerd-shim-* processes that serve this
+// daemon, recognised by their -address argument.
+func (c *Containerd) ShimProcesses() []Process {
+	entries, _ := os.ReadDir("/proc")
+	var procs []Process
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || len(raw) == 0 {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+		if isShimOf(args, c.Address) {
+			procs = append(procs, Process{Pid: pid, Cmdline: strings.Join(args, " ")})
+		}
+	}
+	return procs
+}
+
+// isShimOf reports whether args are a containerd shim's serving address.
+func isShimOf(args []string, address string) bool {
+	if len(args) == 0 || !strings.HasPrefix(filepath.Base(args[0]), "containerd-shim-") {
+		return false
+	}
+	for i, a := range args {
+		switch {
+		case (a == "-address" || a == "--address") && i+1 < len(args) && args[i+1] == address,
+			a == "-address="+address, a == "--address="+address:
+			return true
+		}
+	}
+	return false
+}
+
+// MountsUnder lists mount points at or below dir, deepest first.
+func MountsUnder(dir string) []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return []string{err.Error()}
+	}
+	defer f.Close()
+	var mounts []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mp := unescapeMountinfo(fields[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			mounts = append(mounts, mp)
+		}
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(mounts)))
+	return mounts
+}
+
+// unescapeMountinfo undoes the octal escapes (\040 etc.) of mountinfo.
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// UnmountAll unmounts everything at or below dir, deepest first.
+func UnmountAll(dir string) error {
+	var errs []error
+	for _, m := range MountsUnder(dir) {
+		if err := syscall.Unmount(m, 0); err != nil {
+			if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil {
+				errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ConnectLibvirt opens a go-libvirt connection to qemu:///system through
+// libvirtd's local socket.
+func ConnectLibvirt() (*libvirt.Libvirt, error) {
+	l := libvirt.NewWithDialer(dialers.NewLocal())
+	if err := l.ConnectToURI(libvirt.QEMUSystem); err != nil {
+		return nil, fmt.Errorf("connect to libvirt qemu:///system: %w", err)
+	}
+	return l, nil
+}
+
+// DomainsMentioning lists the libvirt domains (running or not) whose XML
+// contains dir followed by a slash: the shim puts every VM's console and
+// disks below its state_dir, which tells this daemon's VMs from others'.
+func DomainsMentioning(l *libvirt.Libvirt, dir string) ([]string, error) {
+	doms, _, err := l.ConnectListAllDomains(1, 0)
+	if err != nil {
+		return nil, fmt.Errorf("list libvirt domains: %w", err)
+	}
+	var own []string
+	for _, d := range doms {
+		xml, err := l.DomainGetXMLDesc(d, 0)
+		if err != nil {
+			continue // gone since the listing
+		}
+		if strings.Contains(xml, dir+"/") {
+			own = append(own, d.Name)
+		}
+	}
+	sort.Strings(own)
+	return own, nil
+}
+
+// shimStateDirs are the top-level directories the kvm shim keeps for its
+// whole life; per-VM and per-pod directories below them must be gone once
+// everything is deleted.
+var shimStateDirs = []string{"vms", "pods"}
+
+// Leftovers lists what should not exist once every container and pod of
+// this daemon is deleted: containers, task bundles, mounts below Dir, VM or
+// pod directories in the shim's state_dir, libvirt domains of this shim,
+// reserved pod IPs and shim processes.
+func (c *Containerd) Leftovers(ctx context.Context) []string {
+	var found []string
+	for _, ns := range []string{NamespaceDefault, NamespaceCRI} {
+		r := c.Ctr(ctx, ns, "containers", "ls", "-q")
+		if r.Err != nil {
+			found = append(found, r.String())
+		} else if ids := strings.Fields(r.Stdout); len(ids) > 0 {
+			found = append(found, fmt.Sprintf("containers in namespace %s: %v", ns, ids))
+		}
+		bundles := filepath.Join(c.State, "io.containerd.runtime.v2.task", ns)
+		if names := dirNames(bundles); len(names) > 0 {
+			found = append(found, fmt.Sprintf("task bundles in %s: %v", bundles, names))
+		}
+	}
+	for _, m := range MountsUnder(c.Dir) {
+		found = append(found, "mount "+m)
+	}
+	for _, d := range shimStateDirs {
+		dir := filepath.Join(c.ShimStateDir, d)
+		for _, name := range dirNames(dir) {
+			found = append(found, "shim state "+filepath.Join(dir, name))
+		}
+	}
+	ipam := filepath.Join(c.IPAMDir, c.CNINetwork)
+	for _, name := range dirNames(ipam) {
+		if name != "lock" && !strings.HasPrefix(name, "last_reserved_ip.") {
+			found = append(found, "pod IP still reserved: "+filepath.Join(ipam, name))
+		}
+	}
+	if l, err := ConnectLibvirt(); err != nil {
+		found = append(found, err.Error())
+	} else {
+		doms, err := DomainsMentioning(l, c.ShimStateDir)
+		if err != nil {
+			found = append(found, err.Error())
+		}
+		for _, d := range doms {
+			found = append(found, "libvirt domain "+d)
+		}
+		_ = l.Disconnect()
+	}
+	for _, p := range c.ShimProcesses() {
+		found = append(found, fmt.Sprintf("shim process %d: %s", p.Pid, p.Cmdline))
+	}
+	sort.Strings(found)
+	return found
+}
+
+// WaitNothingLeft polls Leftovers until it is empty or timeout passes (shims
+// exit asynchronously after their last task is deleted); it returns what
+// was still there.
+func (c *Containerd) WaitNothingLeft(ctx context.Context, timeout time.Duration) []string {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var last []string
+	_ = Poll(ctx, 200*time.Millisecond, func() (bool, string) {
+		last = c.Leftovers(context.WithoutCancel(ctx))
+		return len(last) == 0, ""
+	})
+	return last
+}
+
+// ForceCleanup removes whatever is left in this daemon: CRI pods, tasks and
+// containers in both namespaces, libvirt domains of this shim, and, after
+// a grace period for them to exit, shim processes. It returns what it had
+// to remove; an empty list means there was nothing.
+func (c *Containerd) ForceCleanup(ctx context.Context) []string {
+	var removed []string
+	if cl, err := c.DialCRI(); err == nil {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		n, err := cl.RemoveAllPods(cctx)
+		cancel()
+		cl.Close()
+		if n > 0 {
+			removed = append(removed, fmt.Sprintf("%d CRI pod(s)", n))
+		}
+		if err != nil {
+			removed = append(removed, err.Error())
+		}
+	}
+	for _, ns := range []string{NamespaceDefault, NamespaceCRI} {
+		r := c.Ctr(ctx, ns, "containers", "ls", "-q")
+		for _, id := range strings.Fields(r.Stdout) {
+			removed = append(removed, "container "+ns+"/"+id)
+			c.Ctr(ctx, ns, "task", "kill", "-s", "KILL", id)
+			c.Ctr(ctx, ns, "task", "delete", "-f", id)
+			c.Ctr(ctx, ns, "containers", "delete", id)
+		}
+	}
+	if l, err := ConnectLibvirt(); err == nil {
+		doms, _ := DomainsMentioning(l, c.ShimStateDir)
+		for _, name := range doms {
+			removed = append(removed, "libvirt domain "+name)
+			if d, err := l.DomainLookupByName(name); err == nil {
+				_ = l.DomainDestroy(d)
+				_ = l.DomainUndefine(d)
+			}
+		}
+		_ = l.Disconnect()
+	}
+	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	_ = Poll(pctx, 200*time.Millisecond, func() (bool, string) { return len(c.ShimProcesses()) == 0, "" })
+	cancel()
+	for _, p := range c.ShimProcesses() {
+		removed = append(removed, fmt.Sprintf("shim process %d: %s", p.Pid, p.Cmdline))
+		_ = syscall.Kill(p.Pid, syscall.SIGKILL)
+	}
+	return removed
+}
+
+// dirNames lists a directory; a missing directory is empty.
+func dirNames(dir string) []string {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return []string{err.Error()}
+	}
+	names := make([]string, len(entries))
+	for i, e := range entries {
+		names[i] = e.Name()
+	}
+	return names
+}
