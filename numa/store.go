@@ -9,11 +9,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/procfs"
 )
 
 // stateVersion is the format of the state file this package writes.
@@ -108,7 +108,7 @@ func OpenStore(path string, t *Topology, p Policy) (*Store, error) {
 		return nil, err
 	}
 	self := holder{Pid: os.Getpid()}
-	start, err := processStart(self.Pid)
+	start, err := procfs.StartTime(self.Pid)
 	if err != nil {
 		return nil, fmt.Errorf("open NUMA store: %w", err)
 	}
@@ -547,25 +547,4 @@ func (st *rawState) decode(i int) (reservation, error) {
 // holderAlive: the process runs and is the same one (same start time).
 // When /proc cannot tell, the holder counts as alive: a leaked
 // reservation is better than a CPU dedicated twice.
-func holderAlive(h holder) bool {
-	start, err := processStart(h.Pid)
-	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH) {
-		return false
-	}
-	return err != nil || start == h.Start
-}
-
-// processStart reads field 22 (starttime) of /proc/<pid>/stat.
-func processStart(pid int) (uint64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	// The command name (field 2) may hold spaces and parentheses.
-	s := string(b)
-	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(fields) < 20 {
-		return 0, fmt.Errorf("short /proc/%d/stat", pid)
-	}
-	return strconv.ParseUint(fields[19], 10, 64)
-}
+func holderAlive(h holder) bool { return !procfs.Gone(h.Pid, h.Start) }

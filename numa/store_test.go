@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/procfs"
 )
 
 func newTestStore(t *testing.T, nodes []fakeNode, p Policy) *Store {
@@ -219,7 +221,7 @@ func TestStoreCorruptState(t *testing.T) {
 }
 
 func TestHolderAlive(t *testing.T) {
-	start, err := processStart(os.Getpid())
+	start, err := procfs.StartTime(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}

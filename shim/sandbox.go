@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 
 	eventstypes "github.com/containerd/containerd/api/events"
 	"github.com/containerd/containerd/api/types/task"
@@ -17,6 +15,8 @@ import (
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/procfs"
 )
 
 // sandboxTask is the pod's sandbox ("pause") container. No VM runs for
@@ -160,7 +160,7 @@ func writeMarker(path string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return fmt.Errorf("create sandbox marker dir: %w", err)
 	}
-	st, err := processStartTime(os.Getpid())
+	st, err := procfs.StartTime(os.Getpid())
 	if err != nil {
 		return err
 	}
@@ -180,21 +180,5 @@ func markerAlive(path string) bool {
 	if json.Unmarshal(b, &m) != nil {
 		return false
 	}
-	st, err := processStartTime(m.Pid)
-	return err == nil && st == m.StartTime
-}
-
-// processStartTime reads field 22 of /proc/<pid>/stat.
-func processStartTime(pid int) (uint64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// The command name (field 2) may hold spaces; fields restart after ')'.
-	s := string(b)
-	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(fields) < 20 {
-		return 0, fmt.Errorf("short /proc/%d/stat", pid)
-	}
-	return strconv.ParseUint(fields[19], 10, 64)
+	return !procfs.Gone(m.Pid, m.StartTime)
 }
