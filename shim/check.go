@@ -112,7 +112,7 @@ func Check(ctx context.Context, w io.Writer, args []string) int {
 	} else if ps, err := store.Snapshot(); err != nil {
 		add(checkWarn, "numa", "read reservations: %v", err)
 	} else {
-		add(checkOK, "numa", "%d node(s), %d VM(s) placed (%s)", len(store.Topology().Nodes), len(ps), numaStoreFile(cfg.StateDir))
+		add(checkOK, "numa", "%d node(s), %d VM(s) placed (%s)", len(store.Topology().Nodes), len(ps), cfg.NUMAStateFile)
 		_ = numa.Describe(&numaReport, store.Topology(), store.Policy(), ps)
 	}
 

@@ -66,6 +66,9 @@ type Config struct {
 	NUMAAllowSpread bool `toml:"numa_allow_spread"`
 	// ReservedCPUs are host CPUs never given to VMs, e.g. "0-1".
 	ReservedCPUs string `toml:"reserved_cpus"`
+	// NUMAStateFile holds the node's reservations, shared by every shim of
+	// the node; on a tmpfs (it is rebuilt from libvirt at each shim start).
+	NUMAStateFile string `toml:"numa_state_file"`
 	// ConfigDriveFormat is the default config drive: "vfat" (nova's
 	// default, readable by Windows' cloudbase-init) or "iso9660".
 	ConfigDriveFormat string `toml:"config_drive_format"`
@@ -97,6 +100,7 @@ func DefaultConfig() Config {
 		NUMAMode:          "node",
 		CPUThreshold:      4,
 		MemThreshold:      1,
+		NUMAStateFile:     "/run/containerd-shim-kvm-v1/numa.json",
 		ConfigDriveFormat: "vfat",
 		AvailabilityZone:  "nova",
 		KernelCmdline:     "console=ttyS0",
@@ -146,6 +150,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("state_dir = %q: must be an absolute path", c.StateDir)
 	case !filepath.IsAbs(c.QEMUBinary):
 		return fmt.Errorf("qemu_binary = %q: must be an absolute path", c.QEMUBinary)
+	case !filepath.IsAbs(c.NUMAStateFile):
+		return fmt.Errorf("numa_state_file = %q: must be an absolute path", c.NUMAStateFile)
 	case !filepath.IsAbs(c.QEMUWrapper):
 		return fmt.Errorf("qemu_wrapper = %q: must be an absolute path", c.QEMUWrapper)
 	case c.MaxNetQueues < 1 || c.MaxNetQueues > 16:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -19,9 +20,6 @@ import (
 // vCPUs float over its CPUs), "dedicated" (exclusive host CPUs, one per
 // vCPU) or "none". The default is the config's numa_mode.
 const AnnotationNUMAMode = "kvm.containerd.io/numa-mode"
-
-// numaStoreFile keeps the node's reservations, shared by every shim.
-func numaStoreFile(stateDir string) string { return filepath.Join(stateDir, "numa.json") }
 
 // numaOwner names a reservation: the domain and the container, so the
 // cleanup of an old container never releases its successor's placement.
@@ -50,7 +48,10 @@ func openNUMA(cfg Config) (*numa.Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return numa.OpenStore(numaStoreFile(cfg.StateDir), topo, policy)
+	if err := os.MkdirAll(filepath.Dir(cfg.NUMAStateFile), 0o711); err != nil {
+		return nil, fmt.Errorf("create NUMA state dir: %w", err)
+	}
+	return numa.OpenStore(cfg.NUMAStateFile, topo, policy)
 }
 
 // reconcileNUMA rebuilds the reservations from the domains libvirt knows,
@@ -92,15 +93,23 @@ func pinning(p numa.Placement) *vm.Pinning {
 	if p.Mode == numa.ModeNone {
 		return nil
 	}
-	out := &vm.Pinning{CPUSet: p.CPUs, VCPUPins: p.VCPUPins, EmulatorCPUs: p.EmulatorCPUs, MemoryNodes: p.Nodes}
+	out := &vm.Pinning{CPUSet: p.CPUs, EmulatorCPUs: p.EmulatorCPUs, MemoryNodes: p.Nodes}
+	for _, c := range p.VCPUPins {
+		out.VCPUPins = append(out.VCPUPins, []int{c})
+	}
+	if len(p.GuestNodes) == 0 {
+		return out
+	}
+	// A VM spread over nodes: each guest cell's vCPUs float over the CPUs
+	// of the host node that holds the cell's memory.
+	out.CPUSet, out.VCPUPins = nil, make([][]int, p.VCPUs)
 	for _, g := range p.GuestNodes {
 		out.Cells = append(out.Cells, vm.Cell{HostNode: g.HostNode, VCPUs: g.VCPUs, MemoryMiB: g.MemoryMiB})
-	}
-	if len(out.Cells) > 0 {
-		// Each cell floats over its own node's CPUs.
-		out.CPUSet = nil
-		for _, g := range p.GuestNodes {
-			out.CPUSet = append(out.CPUSet, g.CPUs...)
+		out.CPUSet = append(out.CPUSet, g.CPUs...)
+		for _, v := range g.VCPUs {
+			if v >= 0 && v < len(out.VCPUPins) {
+				out.VCPUPins[v] = g.CPUs
+			}
 		}
 	}
 	return out

@@ -110,7 +110,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	var placement *vm.Pinning
 	var placementJSON string
 	if h.numa != nil {
-		rec.NUMAOwner, rec.NUMAStore = numaOwner(name, r.id), numaStoreFile(h.cfg.StateDir)
+		rec.NUMAOwner, rec.NUMAStore = numaOwner(name, r.id), h.cfg.NUMAStateFile
 		if err := writeRecord(r.bundle, &rec); err != nil {
 			return nil, fmt.Errorf("write task record: %w", err)
 		}

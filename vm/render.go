@@ -86,8 +86,8 @@ func configurePinning(s *Spec, d *domainXML) {
 	d.VCPU.CPUSet = cpuList(p.CPUSet)
 	if len(p.VCPUPins) > 0 || len(p.EmulatorCPUs) > 0 {
 		d.CPUTune = &cputuneXML{}
-		for i, c := range p.VCPUPins {
-			d.CPUTune.VCPUPins = append(d.CPUTune.VCPUPins, vcpuPinXML{VCPU: i, CPUSet: cpuList([]int{c})})
+		for i, cpus := range p.VCPUPins {
+			d.CPUTune.VCPUPins = append(d.CPUTune.VCPUPins, vcpuPinXML{VCPU: i, CPUSet: cpuList(cpus)})
 		}
 		if len(p.EmulatorCPUs) > 0 {
 			d.CPUTune.EmulatorPin = &emulatorPinXML{CPUSet: cpuList(p.EmulatorCPUs)}

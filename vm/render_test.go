@@ -71,16 +71,17 @@ func goldenCases() map[string]Spec {
 	dedicated.Accel = AccelKVM
 	dedicated.Disk = tcgDisk.Disk
 	dedicated.HugePageKiB = 2048
-	dedicated.Pinning = &Pinning{CPUSet: []int{14, 15}, VCPUPins: []int{15, 14}, EmulatorCPUs: []int{8}, MemoryNodes: []int{1}}
+	dedicated.Pinning = &Pinning{CPUSet: []int{14, 15}, VCPUPins: [][]int{{15}, {14}}, EmulatorCPUs: []int{8}, MemoryNodes: []int{1}}
 
 	spread := baseSpec()
 	spread.VCPUs = 4
 	spread.MemoryMiB = 2048
 	spread.Disk = tcgDisk.Disk
-	spread.Pinning = &Pinning{CPUSet: []int{0, 1, 2, 3, 4, 5, 6, 7}, MemoryNodes: []int{0, 1}, Cells: []Cell{
-		{HostNode: 0, VCPUs: []int{0, 1}, MemoryMiB: 1024},
-		{HostNode: 1, VCPUs: []int{2, 3}, MemoryMiB: 1024},
-	}}
+	spread.Pinning = &Pinning{CPUSet: []int{0, 1, 2, 3, 4, 5, 6, 7}, MemoryNodes: []int{0, 1},
+		VCPUPins: [][]int{{0, 1, 2, 3}, {0, 1, 2, 3}, {4, 5, 6, 7}, {4, 5, 6, 7}}, Cells: []Cell{
+			{HostNode: 0, VCPUs: []int{0, 1}, MemoryMiB: 1024},
+			{HostNode: 1, VCPUs: []int{2, 3}, MemoryMiB: 1024},
+		}}
 
 	vfat := baseSpec()
 	vfat.Disk = tcgDisk.Disk
@@ -176,7 +177,7 @@ func TestValidateRejects(t *testing.T) {
 			s.Disk = &Disk{Path: "/d", Format: "raw"}
 			s.ConfigDrive = &ConfigDrive{Path: "/c", Format: "ext4"}
 		},
-		"pins for 1 of 2": func(s *Spec) { s.Disk = &Disk{Path: "/d", Format: "raw"}; s.Pinning = &Pinning{VCPUPins: []int{3}} },
+		"pins for 1 of 2": func(s *Spec) { s.Disk = &Disk{Path: "/d", Format: "raw"}; s.Pinning = &Pinning{VCPUPins: [][]int{{3}}} },
 	}
 	for name, mutate := range cases {
 		s := baseSpec()

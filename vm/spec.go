@@ -45,11 +45,11 @@ type Spec struct {
 
 // Pinning is where a VM's vCPUs, emulator threads and memory may run.
 type Pinning struct {
-	CPUSet       []int  // host CPUs every vCPU may float over (<vcpu cpuset>)
-	VCPUPins     []int  // host CPU of vCPU i (<vcpupin>), for dedicated CPUs
-	EmulatorCPUs []int  // host CPUs of QEMU's emulator threads (<emulatorpin>)
-	MemoryNodes  []int  // host nodes guest memory is bound to, strictly
-	Cells        []Cell // guest NUMA cells, when a VM spans host nodes
+	CPUSet       []int   // host CPUs every vCPU may float over (<vcpu cpuset>)
+	VCPUPins     [][]int // host CPUs of vCPU i (<vcpupin>): one for a dedicated CPU, a node's for a guest NUMA cell
+	EmulatorCPUs []int   // host CPUs of QEMU's emulator threads (<emulatorpin>)
+	MemoryNodes  []int   // host nodes guest memory is bound to, strictly
+	Cells        []Cell  // guest NUMA cells, when a VM spans host nodes
 }
 
 // Cell is one guest NUMA cell and the host node holding its memory.
