@@ -21,9 +21,9 @@ const Label = "config-2"
 // VFATSize is the size of a vfat config drive (sparse), as nova makes it.
 const VFATSize = 64 << 20
 
-// Versions are the openstack/ directories written, each with the same files:
+// versions are the openstack/ directories written, each with the same files:
 // one dated version cloud-init and cloudbase-init know, and "latest".
-var Versions = []string{"2018-08-27", "latest"}
+var versions = []string{"2018-08-27", "latest"}
 
 // randomSeedLen is the size of meta_data.json "random_seed" (nova's).
 const randomSeedLen = 512
@@ -48,7 +48,7 @@ func render(inst Instance, network *Network, opts Options, seed []byte) ([]file,
 		return nil, fmt.Errorf("network: %w", err)
 	}
 	var files []file
-	for _, v := range Versions {
+	for _, v := range versions {
 		dir := "openstack/" + v + "/"
 		files = append(files,
 			file{dir + "meta_data.json", md},

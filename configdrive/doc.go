@@ -23,8 +23,9 @@
 //
 // Attach the image read-only. The Debian cloud kernel has no AHCI driver,
 // so a SATA cdrom is invisible to it: attach a vfat drive as a virtio disk,
-// and an iso9660 drive as a virtio-scsi cdrom (or as a virtio disk: cloud-init
-// finds the drive by its label either way). Rebuild it on every VM create:
+// and an iso9660 drive as a virtio-scsi cdrom (both booted in
+// hack/cloudimage; cloud-init finds the drive by its label). Rebuild it on
+// every VM create:
 // Build replaces the output atomically (temporary file + rename).
 //
 // # Inputs
@@ -34,10 +35,28 @@
 // uuid, so cloud-init sees the same instance across restarts). Network
 // models nova's network_data.json; NewNetwork builds it from the pod
 // interface's MAC, MTU, addresses, routes and DNS servers, and
-// ParseResolvConf reads the servers and search domains from the pod's resolv.conf.
-// Options carries what the pod's user asked for; FromAnnotations reads it
-// from the pod annotations below and enforces every limit, with errors
-// wrapping errdefs.ErrInvalidArgument that name the annotation.
+// ParseResolvConf reads the servers and search domains from the pod's
+// resolv.conf. Options carries what the pod's user asked for;
+// FromAnnotations reads it from the pod annotations below and enforces
+// every limit, with errors wrapping errdefs.ErrInvalidArgument that name
+// the annotation (all of them are checked even when the drive is
+// disabled). Build renders and writes the image (about 7 ms for vfat).
+//
+// A typical create path:
+//
+//	opts, err := configdrive.FromAnnotations(pod.Annotations, cfg.ConfigDriveFormat)
+//	if err != nil { return err } // InvalidArgument, names the annotation
+//	if !opts.Disabled {
+//		servers, search := configdrive.ParseResolvConf(resolvConf)
+//		nw, err := configdrive.NewNetwork(eth0MAC, eth0MTU, eth0Addrs, routes, servers)
+//		if err != nil { return err }
+//		nw.Search = search
+//		inst := configdrive.Instance{
+//			UUID: configdrive.StableUUID(podUID, containerName),
+//			Name: podName, AvailabilityZone: cfg.AvailabilityZone,
+//		}
+//		err = configdrive.Build(ctx, stateDir, filepath.Join(stateDir, "config-drive.img"), inst, nw, opts)
+//	}
 //
 // # Annotations
 //
@@ -71,5 +90,16 @@
 // network_data.json follows nova's schema: links (type "phy",
 // ethernet_mac_address, mtu), networks (one per static address: type "ipv4"
 // or "ipv6", ip_address, netmask, routes with network/netmask/gateway, link,
-// network_id) and services (type "dns", address).
+// network_id, services) and services (type "dns", address). The one
+// addition is "search" on the first dns service (Network.Search), which
+// cloud-init turns into search domains and other readers ignore.
+//
+// # Proofs
+//
+// The tests run the real readers when they are installed: fsck.fat -n,
+// mdir and mtype (vfat), isoinfo (iso9660), blkid, and Debian's cloud-init
+// (its ConfigDrive data source over the drive's files, and
+// `cloud-init devel net-convert --kind network_data.json` to netplan,
+// networkd and ENI). hack/cloudimage boots a Debian cloud-init guest with
+// a drive from Build and checks hostname, keys, network and user-data.
 package configdrive
