@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"text/template"
@@ -154,7 +155,9 @@ imports = []
           ConfigPath = {{printf "%q" .ShimConfig}}
 `
 
-// cniConfList is the private pod network: a bridge only on this machine.
+// cniConfList is the private pod network: a bridge only on this machine,
+// which is the pods' default gateway (as on a real node, where pods have a
+// default route; the VM tests check that the guest gets it).
 const cniConfList = `{
   "cniVersion": "1.0.0",
   "name": {{printf "%q" .CNINetwork}},
@@ -163,6 +166,7 @@ const cniConfList = `{
       "type": "bridge",
       "bridge": {{printf "%q" .Bridge}},
       "isGateway": true,
+      "isDefaultGateway": true,
       "ipMasq": false,
       "ipam": {
         "type": "host-local",
@@ -181,6 +185,8 @@ var cniTemplate = template.Must(template.New("cni").Parse(cniConfList))
 const shimConfig = `libvirt_uri = "qemu:///system"
 accel = "tcg"
 state_dir = {{printf "%q" .ShimState}}
+qemu_wrapper = {{printf "%q" .QEMUWrapper}}
+numa_state_file = {{printf "%q" .NUMAStateFile}}
 default_vcpus = 1
 default_memory_mib = 256
 `
@@ -206,37 +212,46 @@ type containerd struct {
 	Subnet       string
 	ShimConfig   string // path of kvm-shim.toml
 	ShimState    string // the shim's state_dir
-	ConfigPath   string
-	LogPath      string
+	QEMUWrapper  string // the shim's qemu_wrapper, built by the suite
+	// NUMAStateFile is the shim's numa_state_file: this containerd's own,
+	// so the suite's reservations neither meet nor disturb the node's.
+	NUMAStateFile string
+	ConfigPath    string
+	LogPath       string
 
 	cmd     *exec.Cmd
 	exited  chan struct{} // closed when the process has been reaped
 	waitErr error         // set before exited is closed
 	suite   *testSuite
+
+	seenMu      sync.Mutex
+	seenDomains map[string]bool // domains seen to be this containerd's; guarded by seenMu
 }
 
 func startContainerd(s *testSuite, f flavour) (*containerd, error) {
 	dir := filepath.Join(s.tmp, f.name)
 	c := &containerd{
-		flavour:      f,
-		Dir:          dir,
-		Root:         filepath.Join(dir, "root"),
-		State:        filepath.Join(dir, "state"),
-		Opt:          filepath.Join(dir, "opt"),
-		Address:      filepath.Join(dir, "containerd.sock"),
-		TTRPCAddress: filepath.Join(dir, "containerd.sock.ttrpc"),
-		SandboxImage: sandboxImage,
-		CNIBinDir:    cniBinDir,
-		CNIConfDir:   filepath.Join(dir, "cni", "net.d"),
-		CNINetwork:   cniNetwork,
-		IPAMDir:      filepath.Join(dir, "cni", "ipam"),
-		Bridge:       f.bridge,
-		Subnet:       f.subnet,
-		ShimConfig:   filepath.Join(dir, "kvm-shim.toml"),
-		ShimState:    filepath.Join(dir, "shim-state"),
-		ConfigPath:   filepath.Join(dir, "config.toml"),
-		LogPath:      filepath.Join(dir, "containerd.log"),
-		suite:        s,
+		flavour:       f,
+		Dir:           dir,
+		Root:          filepath.Join(dir, "root"),
+		State:         filepath.Join(dir, "state"),
+		Opt:           filepath.Join(dir, "opt"),
+		Address:       filepath.Join(dir, "containerd.sock"),
+		TTRPCAddress:  filepath.Join(dir, "containerd.sock.ttrpc"),
+		SandboxImage:  sandboxImage,
+		CNIBinDir:     cniBinDir,
+		CNIConfDir:    filepath.Join(dir, "cni", "net.d"),
+		CNINetwork:    cniNetwork,
+		IPAMDir:       filepath.Join(dir, "cni", "ipam"),
+		Bridge:        f.bridge,
+		Subnet:        f.subnet,
+		ShimConfig:    filepath.Join(dir, "kvm-shim.toml"),
+		ShimState:     filepath.Join(dir, "shim-state"),
+		QEMUWrapper:   s.wrapper,
+		NUMAStateFile: filepath.Join(dir, "numa", "numa.json"),
+		ConfigPath:    filepath.Join(dir, "config.toml"),
+		LogPath:       filepath.Join(dir, "containerd.log"),
+		suite:         s,
 	}
 	if err := os.MkdirAll(c.CNIConfDir, 0o755); err != nil {
 		return nil, err

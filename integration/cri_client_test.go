@@ -19,6 +19,9 @@ import (
 // criTimeout bounds one CRI call; StopContainer adds its own grace period.
 const criTimeout = 2 * time.Minute
 
+// criPodNamespace is the Kubernetes namespace of every pod the suite makes.
+const criPodNamespace = "kvm-it"
+
 // criClient talks CRI to one private containerd, as kubelet would.
 type criClient struct {
 	conn *grpc.ClientConn
@@ -94,7 +97,7 @@ func (c *containerd) runPod(t *testing.T, cl *criClient, name, handler string, a
 		t.Fatal(err)
 	}
 	cfg := &cri.PodSandboxConfig{
-		Metadata:     &cri.PodSandboxMetadata{Name: name, Namespace: "kvm-it", Uid: uid},
+		Metadata:     &cri.PodSandboxMetadata{Name: name, Namespace: criPodNamespace, Uid: uid},
 		Hostname:     name,
 		LogDirectory: logDir,
 		Labels:       map[string]string{"app": name},
@@ -237,7 +240,14 @@ type podContainer struct {
 // a container of image in it.
 func (c *containerd) startPodContainer(t *testing.T, cl *criClient, name, handler, image string) *podContainer {
 	t.Helper()
-	p := c.runPod(t, cl, name, handler, nil)
+	return c.startPodContainerWith(t, cl, name, handler, image, nil)
+}
+
+// startPodContainerWith is startPodContainer with pod annotations (CRI
+// passes those listed in pod_annotations on to the container's spec).
+func (c *containerd) startPodContainerWith(t *testing.T, cl *criClient, name, handler, image string, podAnnotations map[string]string) *podContainer {
+	t.Helper()
+	p := c.runPod(t, cl, name, handler, podAnnotations)
 	cfg := containerConfig("vm", image, nil)
 	cid, err := cl.createContainer(p, cfg)
 	if err != nil {

@@ -78,7 +78,7 @@ func TestCtrDetached(t *testing.T) {
 			t.Errorf("ctr task ls pid %d differs from ctr task ps pid %d", pid, qemu)
 		}
 		// The leftover check must see a running VM, or it proves nothing.
-		if doms, err := ownDomains(c.ShimState); err != nil || len(doms) != 1 {
+		if doms, err := c.ownDomains(); err != nil || len(doms) != 1 {
 			t.Errorf("libvirt domains of this shim while running: %v (%v), want one", doms, err)
 		}
 		if st := stateDirLeftovers(c.ShimState); len(st) == 0 {

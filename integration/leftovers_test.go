@@ -5,6 +5,7 @@ package integration
 import (
 	"bufio"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -21,6 +22,11 @@ import (
 // shimSocketDir is where the shim library (containerd v1.7 runtime/v2/shim)
 // puts shim sockets, whatever containerd's state dir is.
 const shimSocketDir = "/run/containerd/s"
+
+// netfdSocketDir is where the kvm shim serves each networked VM's TAP
+// descriptors to its emulator wrapper, as <domain>.sock (netfd.SocketDir;
+// fixed, whatever the state_dir).
+const netfdSocketDir = "/run/containerd-shim-kvm-v1/netfd"
 
 // leftoverTimeout bounds how long "nothing left" may take to become true
 // after the last delete: shims exit asynchronously.
@@ -61,7 +67,14 @@ func assertNothingLeft(t *testing.T, c *containerd, ids ...shimID) {
 //   - no pod IP still reserved in the private CNI network's host-local store
 //     (CNI DEL ran for every pod);
 //   - no containerd-shim-* process started with -address of this containerd;
-//   - no shim socket for the given ids under /run/containerd/s.
+//   - no shim socket for the given ids under /run/containerd/s;
+//   - no NUMA reservation of this containerd's domains (isOwnDomain) in the
+//     shim's numa_state_file (the file and its lock stay: they are the
+//     node's store, shared by all shims);
+//   - no process (QEMU, or kvm-qemu-wrapper before it execs QEMU) whose
+//     command line names a path under the shim's state_dir;
+//   - no network descriptor socket under netfd's socket dir for a domain
+//     of this containerd (isOwnDomain).
 func (c *containerd) leftovers(ids []shimID) []string {
 	var found []string
 	for _, ns := range []string{nsDefault, nsCRI} {
@@ -80,13 +93,24 @@ func (c *containerd) leftovers(ids []shimID) []string {
 		found = append(found, "mount "+m)
 	}
 	found = append(found, stateDirLeftovers(c.ShimState)...)
+	if owners, err := numaOwners(c.NUMAStateFile); err != nil {
+		found = append(found, err.Error())
+	} else {
+		for _, o := range owners {
+			// A shim that starts adopts the placements of every live
+			// domain on the node, other people's too.
+			if domain, _, _ := strings.Cut(o, "/"); c.isOwnDomain(domain, ids) {
+				found = append(found, fmt.Sprintf("NUMA reservation of %s in %s", o, c.NUMAStateFile))
+			}
+		}
+	}
 	ipam := filepath.Join(c.IPAMDir, cniNetwork)
 	for _, name := range dirNames(ipam) {
 		if name != "lock" && !strings.HasPrefix(name, "last_reserved_ip.") {
 			found = append(found, "pod IP still reserved: "+filepath.Join(ipam, name))
 		}
 	}
-	if doms, err := ownDomains(c.ShimState); err != nil {
+	if doms, err := c.ownDomains(); err != nil {
 		found = append(found, err.Error())
 	} else {
 		for _, d := range doms {
@@ -95,6 +119,12 @@ func (c *containerd) leftovers(ids []shimID) []string {
 	}
 	for _, p := range c.shimProcesses() {
 		found = append(found, fmt.Sprintf("shim process %d: %s", p.pid, p.cmdline))
+	}
+	for _, p := range c.vmProcesses() {
+		found = append(found, fmt.Sprintf("VM process %d: %.160s...", p.pid, p.cmdline))
+	}
+	for _, sock := range c.ownNetfdSockets(ids) {
+		found = append(found, "network descriptor socket "+sock)
 	}
 	for _, id := range ids {
 		sock := shimSocketPath(c.Address, id)
@@ -157,6 +187,31 @@ func stateDirLeftovers(dir string) []string {
 		}
 	}
 	return found
+}
+
+// numaOwners lists the owners (<domain>/<container id>) of the
+// reservations in a NUMA state file; a missing file has none.
+func numaOwners(path string) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var st struct {
+		Reservations []struct {
+			Owner string `json:"owner"`
+		} `json:"reservations"`
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("parse %s: %v\n%s", path, err, b)
+	}
+	owners := make([]string, len(st.Reservations))
+	for i, r := range st.Reservations {
+		owners[i] = r.Owner
+	}
+	return owners, nil
 }
 
 // dirNames lists a directory; a missing directory is empty.
@@ -230,6 +285,54 @@ func unmountAll(dir string) error {
 	return errors.Join(errs...)
 }
 
+// ownDomains lists this containerd's libvirt domains (see the function
+// ownDomains) and remembers their names for ownNetfdSockets.
+func (c *containerd) ownDomains() ([]string, error) {
+	doms, err := ownDomains(c.ShimState)
+	c.noteDomains(doms...)
+	return doms, err
+}
+
+// noteDomains remembers domain names as this containerd's.
+func (c *containerd) noteDomains(names ...string) {
+	c.seenMu.Lock()
+	defer c.seenMu.Unlock()
+	if c.seenDomains == nil {
+		c.seenDomains = map[string]bool{}
+	}
+	for _, n := range names {
+		c.seenDomains[n] = true
+	}
+}
+
+// isOwnDomain tells, by its name alone, whether a domain that may be gone
+// was this containerd's: one it was seen to own, one of a pod in the
+// suite's CRI namespace (kvm-<pod namespace>-...), or one of a container
+// among ids (kvm-<namespace>-<id>-<hash>, shim/naming.go). Other people's
+// VMs on this host leave traces in the same places; they are not ours to
+// judge.
+func (c *containerd) isOwnDomain(domain string, ids []shimID) bool {
+	c.seenMu.Lock()
+	defer c.seenMu.Unlock()
+	own := c.seenDomains[domain] || strings.HasPrefix(domain, "kvm-"+criPodNamespace+"-")
+	for _, id := range ids {
+		own = own || strings.HasPrefix(domain, "kvm-"+id.ns+"-"+id.id+"-")
+	}
+	return own
+}
+
+// ownNetfdSockets lists the sockets in netfdSocketDir of this containerd's
+// domains (isOwnDomain).
+func (c *containerd) ownNetfdSockets(ids []shimID) []string {
+	var found []string
+	for _, name := range dirNames(netfdSocketDir) {
+		if domain, ok := strings.CutSuffix(name, ".sock"); ok && c.isOwnDomain(domain, ids) {
+			found = append(found, filepath.Join(netfdSocketDir, name))
+		}
+	}
+	return found
+}
+
 // ownDomains lists libvirt domains (running or not) named kvm-* whose XML
 // mentions dir: the shim puts each VM's disk overlay and console under its
 // state_dir, so this tells our VMs from anybody else's.
@@ -267,6 +370,51 @@ type process struct {
 // shimProcesses finds containerd-shim-* processes serving this containerd,
 // recognised by their -address argument.
 func (c *containerd) shimProcesses() []process {
+	return processesMatching(func(args []string) bool {
+		if !strings.HasPrefix(filepath.Base(args[0]), "containerd-shim-") {
+			return false
+		}
+		for i, a := range args {
+			if (a == "-address" || a == "--address") && i+1 < len(args) && args[i+1] == c.Address ||
+				a == "-address="+c.Address || a == "--address="+c.Address {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// vmProcesses finds the processes of this containerd's VMs: QEMU (and
+// kvm-qemu-wrapper before it execs QEMU, which keeps the arguments) names
+// the VM's disk, kernel and console under the shim's state_dir.
+func (c *containerd) vmProcesses() []process {
+	return processesMatching(func(args []string) bool {
+		for _, a := range args {
+			if strings.Contains(a, c.ShimState+"/") {
+				return !strings.HasPrefix(filepath.Base(args[0]), "containerd")
+			}
+		}
+		return false
+	})
+}
+
+// domainProcesses finds the processes libvirt runs for domain: QEMU, or the
+// wrapper before it execs QEMU (libvirt names the domain with -name
+// guest=<domain>,...).
+func domainProcesses(domain string) []process {
+	return processesMatching(func(args []string) bool {
+		for i, a := range args {
+			if a == "-name" && i+1 < len(args) &&
+				(args[i+1] == "guest="+domain || strings.HasPrefix(args[i+1], "guest="+domain+",")) {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// processesMatching lists live processes whose argv satisfies match.
+func processesMatching(match func(args []string) bool) []process {
 	entries, _ := os.ReadDir("/proc")
 	var procs []process
 	for _, e := range entries {
@@ -279,15 +427,8 @@ func (c *containerd) shimProcesses() []process {
 			continue
 		}
 		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
-		if !strings.HasPrefix(filepath.Base(args[0]), "containerd-shim-") {
-			continue
-		}
-		for i, a := range args {
-			if (a == "-address" || a == "--address") && i+1 < len(args) && args[i+1] == c.Address ||
-				a == "-address="+c.Address || a == "--address="+c.Address {
-				procs = append(procs, process{pid, strings.Join(args, " ")})
-				break
-			}
+		if match(args) {
+			procs = append(procs, process{pid, strings.Join(args, " ")})
 		}
 	}
 	return procs
@@ -310,7 +451,7 @@ func (c *containerd) forceCleanup(t *testing.T) {
 			}
 		}
 	}
-	doms, _ := ownDomains(c.ShimState)
+	doms, _ := c.ownDomains()
 	for _, d := range doms {
 		t.Logf("cleanup: destroying libvirt domain %s", d)
 		_, _ = virsh("destroy", d)

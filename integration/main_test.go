@@ -25,6 +25,11 @@ type testSuite struct {
 	tmp       string // everything this run creates on disk lives below
 	binDir    string // first in containerd's PATH: holds the freshly built shim
 	imagesDir string
+	// wrapperDir holds the freshly built kvm-qemu-wrapper (the shim config's
+	// qemu_wrapper). libvirt runs it as the QEMU user, so it lives under
+	// /run in a directory every user can traverse, not in tmp.
+	wrapperDir string
+	wrapper    string
 
 	shimErr error            // why the shim could not be built, if it could not
 	images  map[string]image // archives found, by short name
@@ -96,6 +101,11 @@ func newSuite() (*testSuite, error) {
 		fmt.Fprintf(os.Stderr, "integration: building the shim failed; tests that need it will fail:\n%s\n", out)
 		s.shimErr = fmt.Errorf("go build ./cmd/containerd-shim-kvm-v1 failed (its output is at the start of the run): %v", err)
 	}
+	if out, err := s.buildWrapper(); err != nil {
+		fmt.Fprintf(os.Stderr, "integration: building the emulator wrapper failed; tests that need it will fail:\n%s\n", out)
+		s.shimErr = errors.Join(s.shimErr,
+			fmt.Errorf("go build ./cmd/kvm-qemu-wrapper failed (its output is at the start of the run): %v", err))
+	}
 	var missing []string
 	if s.images, missing, err = findImages(s.imagesDir); err != nil {
 		return s, err
@@ -132,6 +142,27 @@ func (s *testSuite) buildShim() (output []byte, err error) {
 	return cmd.CombinedOutput()
 }
 
+// buildWrapper builds kvm-qemu-wrapper from the current tree, statically,
+// into wrapperDir: /run/kvm-shim-it-<pid>/bin, mode 0755 all the way
+// down, so that libvirt's QEMU user can traverse to it and execute it.
+func (s *testSuite) buildWrapper() (output []byte, err error) {
+	s.wrapperDir = fmt.Sprintf("/run/kvm-shim-it-%d", os.Getpid())
+	bin := filepath.Join(s.wrapperDir, "bin")
+	s.wrapper = filepath.Join(bin, "kvm-qemu-wrapper")
+	for _, d := range []string{s.wrapperDir, bin} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+		if err := os.Chmod(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	cmd := exec.Command("go", "build", "-o", s.wrapper, "./cmd/kvm-qemu-wrapper")
+	cmd.Dir = s.repo
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	return cmd.CombinedOutput()
+}
+
 func (s *testSuite) importImages(c *containerd) error {
 	for _, name := range imageNames {
 		img, ok := s.images[name]
@@ -155,6 +186,11 @@ func (s *testSuite) close() error {
 	}
 	if err := os.RemoveAll(s.tmp); err != nil {
 		errs = append(errs, fmt.Errorf("remove %s: %w", s.tmp, err))
+	}
+	if s.wrapperDir != "" {
+		if err := os.RemoveAll(s.wrapperDir); err != nil {
+			errs = append(errs, fmt.Errorf("remove %s: %w", s.wrapperDir, err))
+		}
 	}
 	return errors.Join(errs...)
 }
