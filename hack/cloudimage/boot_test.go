@@ -5,16 +5,23 @@
 package cloudimage
 
 import (
+	"archive/tar"
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -41,34 +48,145 @@ func repoRoot(t *testing.T) string {
 	return filepath.Join(wd, "..", "..")
 }
 
-// cloudDisk returns the image's qcow2. When it is missing: in CI (CI set)
-// or with KVM_CLOUDIMAGE_BUILD=1, as root, build.sh makes it (a few
-// minutes, needs the Debian mirror); otherwise the test skips.
-func cloudDisk(t *testing.T) string {
+// cloudDisk returns the qcow2 to boot: the one inside the OCI archive
+// _output/images/cloud.tar (its containerDisk /disk/cloud.qcow2, extracted
+// into dir), else _output/cloudimage/cloud.qcow2. When neither exists: in
+// CI (CI set) or with KVM_CLOUDIMAGE_BUILD=1, as root, build.sh makes them
+// (a few minutes, needs the Debian mirror); otherwise the test skips.
+// KVM_CLOUDIMAGE_QCOW2 names another disk.
+func cloudDisk(t *testing.T, dir string) string {
 	t.Helper()
 	if p := os.Getenv("KVM_CLOUDIMAGE_QCOW2"); p != "" {
 		return p
 	}
 	root := repoRoot(t)
+	archive := filepath.Join(root, "_output", "images", "cloud.tar")
 	disk := filepath.Join(root, "_output", "cloudimage", "cloud.qcow2")
-	if _, err := os.Stat(disk); err == nil {
+	_, errArchive := os.Stat(archive)
+	_, errDisk := os.Stat(disk)
+	if errArchive != nil && errDisk != nil {
+		if os.Getenv("CI") == "" && os.Getenv("KVM_CLOUDIMAGE_BUILD") != "1" {
+			t.Skipf("no %s: run hack/cloudimage/build.sh (as root), or set KVM_CLOUDIMAGE_BUILD=1", archive)
+		}
+		if os.Getuid() != 0 {
+			t.Skip("the cloud image is missing and building it needs root")
+		}
+		t.Logf("building the cloud image (hack/cloudimage/build.sh)")
+		cmd := exec.Command(filepath.Join(root, "hack", "cloudimage", "build.sh"))
+		cmd.Dir = root
+		out, err := cmd.CombinedOutput()
+		t.Logf("build.sh:\n%s", out)
+		if err != nil {
+			t.Fatalf("build.sh: %v", err)
+		}
+		_, errArchive = os.Stat(archive)
+	}
+	if errArchive != nil {
+		t.Logf("no %s: booting %s", archive, disk)
 		return disk
 	}
-	if os.Getenv("CI") == "" && os.Getenv("KVM_CLOUDIMAGE_BUILD") != "1" {
-		t.Skipf("no %s: run hack/cloudimage/build.sh (as root), or set KVM_CLOUDIMAGE_BUILD=1", disk)
+	dest := filepath.Join(dir, "cloud.qcow2")
+	if err := diskFromArchive(archive, dest); err != nil {
+		t.Fatalf("containerDisk from %s: %v", archive, err)
 	}
-	if os.Getuid() != 0 {
-		t.Skip("the cloud image is missing and building it needs root")
+	t.Logf("booting /disk/cloud.qcow2 of %s", archive)
+	return dest
+}
+
+// diskFromArchive copies the single /disk/*.qcow2 of the single-layer OCI
+// image archive (hack/ocipack's format) to dest.
+func diskFromArchive(archive, dest string) error {
+	// Pass 1: the small JSON blobs, to find the layer.
+	small := map[string][]byte{}
+	if err := walkTar(archive, func(name string, size int64, r io.Reader) (bool, error) {
+		if size > 1<<20 {
+			return false, nil
+		}
+		b, err := io.ReadAll(r)
+		small[name] = b
+		return false, err
+	}); err != nil {
+		return err
 	}
-	t.Logf("building the cloud image (hack/cloudimage/build.sh)")
-	cmd := exec.Command(filepath.Join(root, "hack", "cloudimage", "build.sh"))
-	cmd.Dir = root
-	out, err := cmd.CombinedOutput()
-	t.Logf("build.sh:\n%s", out)
+	blob := func(d string) string { return "blobs/sha256/" + strings.TrimPrefix(d, "sha256:") }
+	var index struct {
+		Manifests []struct{ Digest string } `json:"manifests"`
+	}
+	if err := json.Unmarshal(small["index.json"], &index); err != nil || len(index.Manifests) != 1 {
+		return fmt.Errorf("index.json: %v (%d manifests)", err, len(index.Manifests))
+	}
+	var manifest struct {
+		Layers []struct{ Digest string } `json:"layers"`
+	}
+	if err := json.Unmarshal(small[blob(index.Manifests[0].Digest)], &manifest); err != nil || len(manifest.Layers) != 1 {
+		return fmt.Errorf("manifest: %v (%d layers)", err, len(manifest.Layers))
+	}
+	layer := blob(manifest.Layers[0].Digest)
+	// Pass 2: stream the layer and copy the disk out of it.
+	found := false
+	err := walkTar(archive, func(name string, _ int64, r io.Reader) (bool, error) {
+		if name != layer {
+			return false, nil
+		}
+		gz, err := gzip.NewReader(r)
+		if err != nil {
+			return true, err
+		}
+		tr := tar.NewReader(gz)
+		for {
+			hdr, err := tr.Next()
+			if err == io.EOF {
+				return true, nil
+			}
+			if err != nil {
+				return true, err
+			}
+			if hdr.Typeflag != tar.TypeReg || !strings.HasPrefix(path.Clean("/"+hdr.Name), "/disk/") || !strings.HasSuffix(hdr.Name, ".qcow2") {
+				continue
+			}
+			f, err := os.Create(dest)
+			if err != nil {
+				return true, err
+			}
+			_, err = io.Copy(f, tr)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			found = true
+			return true, err
+		}
+	})
+	if err == nil && !found {
+		err = fmt.Errorf("no /disk/*.qcow2 in layer %s", layer)
+	}
+	return err
+}
+
+// walkTar calls fn for each regular file of the tar file at p until fn
+// says stop.
+func walkTar(p string, fn func(name string, size int64, r io.Reader) (stop bool, err error)) error {
+	f, err := os.Open(p)
 	if err != nil {
-		t.Fatalf("build.sh: %v", err)
+		return err
 	}
-	return disk
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if hdr.Typeflag != tar.TypeReg {
+			continue
+		}
+		stop, err := fn(hdr.Name, hdr.Size, tr)
+		if err != nil || stop {
+			return err
+		}
+	}
 }
 
 func requireQEMU(t *testing.T) {
@@ -132,9 +250,9 @@ func TestCloudImageBootsWithConfigDriveISO9660(t *testing.T) {
 
 func bootAndCheck(t *testing.T, format configdrive.Format) {
 	requireQEMU(t)
-	disk := cloudDisk(t)
 	root := repoRoot(t)
 	dir := t.TempDir()
+	disk := cloudDisk(t, dir)
 
 	// The pod's view: annotations, a name, a uid, an interface.
 	userData, err := os.ReadFile(filepath.Join(root, "hack", "cloudimage", "user-data.sh"))
@@ -247,8 +365,13 @@ wait:
 	}
 	t.Logf("boot to KVM-CLOUD-USERDATA-RAN: %v, to KVM-CLOUD-DONE: %v (guest uptime %s s)",
 		ranAfter.Round(100*time.Millisecond), time.Since(boot).Round(100*time.Millisecond), strings.Join(c["UPTIME"], ""))
-	for what, values := range c {
-		t.Logf("KVM-CLOUD-%s %q", what, values)
+	whats := make([]string, 0, len(c))
+	for what := range c {
+		whats = append(whats, what)
+	}
+	sort.Strings(whats)
+	for _, what := range whats {
+		t.Logf("KVM-CLOUD-%s %q", what, c[what])
 	}
 
 	want := func(what, value string) {
