@@ -3,6 +3,9 @@
 package integration
 
 import (
+	"fmt"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -46,25 +49,153 @@ func TestCtrBadInput(t *testing.T) {
 			s := requireKVM(t, tc.image)
 			s.forEachFlavour(t, func(t *testing.T, c *containerd) {
 				c.cleanupAfter(t)
-				id := "it-bad-" + tc.name
-				args := []string{"run", "-d"}
+				var args []string
 				for k, v := range tc.annotations {
 					args = append(args, "--annotation", k+"="+v)
 				}
-				r := c.ctr(nsDefault, append(args, c.kvmRun(s.images[tc.image].ref, id)...)...)
-				if r.err == nil || r.code == 0 {
-					t.Fatalf("want ctr run to fail: %v", r)
-				}
-				if m := missingWords(r.stderr, tc.want); len(m) > 0 {
-					t.Errorf("error lacks %q: %v", m, r)
-				}
-				t.Logf("ctr run failed as wanted: %s", strings.TrimSpace(r.stderr))
-				// ctr run leaves the container record when the task fails.
-				if ls := c.mustCtr(t, nsDefault, "containers", "ls", "-q"); strings.Contains(ls.stdout, id) {
-					c.mustCtr(t, nsDefault, "containers", "delete", id)
-				}
-				assertNothingLeft(t, c, shimID{nsDefault, id})
+				c.ctrRunFails(t, "it-bad-"+tc.name, tc.image, args, tc.want)
 			})
+		})
+	}
+}
+
+// ctrRunFails runs `ctr run -d [args] <image> <id>` with the kvm shim,
+// expects it to fail with an error holding every word of want, deletes the
+// container record ctr leaves and checks that nothing else is left.
+func (c *containerd) ctrRunFails(t *testing.T, id, image string, args, want []string) {
+	t.Helper()
+	run := append(append([]string{"run", "-d"}, args...), c.kvmRun(c.suite.images[image].ref, id)...)
+	r := c.ctr(nsDefault, run...)
+	if r.err == nil || r.code == 0 {
+		t.Fatalf("want ctr run to fail: %v", r)
+	}
+	if m := missingWords(r.stderr, want); len(m) > 0 {
+		t.Errorf("error lacks %q: %v", m, r)
+	}
+	t.Logf("ctr run failed: %.400s", strings.TrimSpace(r.stderr))
+	// ctr run leaves the container record when the task fails.
+	if ls := c.mustCtr(t, nsDefault, "containers", "ls", "-q"); strings.Contains(ls.stdout, id) {
+		c.mustCtr(t, nsDefault, "containers", "delete", id)
+	}
+	assertNothingLeft(t, c, shimID{nsDefault, id})
+}
+
+// newNetns makes a network namespace for a test with `ip netns add` and
+// returns its path. Each name in ifs becomes an interface in it: one end
+// of a veth pair, as CNI makes, whose other end waits in a second
+// namespace (the kernel here has no dummy interfaces). Both are deleted at
+// the end of t.
+func newNetns(t *testing.T, name string, ifs ...string) string {
+	t.Helper()
+	name = fmt.Sprintf("kvm-it-%s-%d", name, os.Getpid())
+	peers := name + "-peers"
+	ip := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	for _, ns := range []string{name, peers} {
+		ip("netns", "add", ns)
+		t.Cleanup(func() {
+			if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil {
+				t.Errorf("ip netns del %s: %v: %s", ns, err, out)
+			}
+		})
+	}
+	for i, ifc := range ifs {
+		ip("-n", name, "link", "add", ifc, "type", "veth", "peer", "name", fmt.Sprintf("peer%d", i), "netns", peers)
+	}
+	return "/run/netns/" + name
+}
+
+// TestCtrBadNetns: a VM container started with `ctr run --with-ns
+// network:<path>` into a namespace the shim cannot take over fails with a
+// message naming the problem, and leaves nothing: no TAP, no qdisc or
+// filter in the namespace, no descriptor socket, domain, mount or state.
+func TestCtrBadNetns(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ifs  []string // dummy interfaces; nil with missing: no namespace at all
+		// missing: the path names no namespace
+		missing bool
+		want    []string // besides the path, which every error must name
+	}{
+		{name: "missing", missing: true, want: []string{"does not exist"}},
+		{name: "loopback", want: []string{"no CNI interface"}},
+		{name: "twoifs", ifs: []string{"kvmit0", "kvmit1"}, want: []string{"kvmit0", "kvmit1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := requireKVM(t, "kernel")
+			var path string
+			if tc.missing {
+				path = fmt.Sprintf("/run/netns/kvm-it-missing-%d", os.Getpid())
+			} else {
+				path = newNetns(t, tc.name, tc.ifs...)
+			}
+			s.forEachFlavour(t, func(t *testing.T, c *containerd) {
+				c.cleanupAfter(t)
+				c.ctrRunFails(t, "it-netns-"+tc.name, "kernel", []string{"--with-ns", "network:" + path},
+					append([]string{path}, tc.want...))
+				if !tc.missing {
+					if left := netnsLeftovers(path); len(left) > 0 {
+						t.Errorf("left in the namespace:\n  %s", strings.Join(left, "\n  "))
+					}
+				}
+			})
+		})
+	}
+}
+
+// TestCtrNoTun: with /dev/net/tun unusable, a VM container with a network
+// fails with an error that names /dev/net/tun, and leaves nothing. It runs
+// a private containerd 1.6 in a mount namespace of its own, where
+// /dev/net/tun is first /dev/null (not a TUN device), then missing; the
+// shims it starts inherit that, the host keeps its /dev/net/tun.
+func TestCtrNoTun(t *testing.T) {
+	s := requireKVM(t, "kernel")
+	// The namespace must exist before containerd's mount namespace is made:
+	// mounts made on the host later do not reach a private namespace.
+	path := newNetns(t, "notun", "eth0")
+	f := flavours["1.6"]
+	f.name, f.bridge, f.subnet = "1.6-notun", "kvmtest2", "10.89.2.0/24"
+	f.mountSetup = "mount --bind /dev/null /dev/net/tun"
+	c, err := startContainerd(s, f)
+	t.Cleanup(func() {
+		if c != nil {
+			if err := c.stop(); err != nil {
+				t.Errorf("stop containerd %s: %v", f.name, err)
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := c.ctr(nsDefault, "images", "import", s.images["kernel"].archive); r.err != nil {
+		t.Fatalf("%v", r)
+	}
+	if _, err := os.Stat("/dev/net/tun"); err != nil {
+		t.Fatalf("the host lost /dev/net/tun: %v", err)
+	}
+	for _, tc := range []struct {
+		name, setup string // setup runs in containerd's mount namespace first
+	}{
+		{name: "not-a-tun"},
+		{name: "missing", setup: "umount /dev/net/tun && mount -t tmpfs -o mode=0755 tmpfs /dev/net"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c.watch(t)
+			c.cleanupAfter(t)
+			if tc.setup != "" {
+				if err := c.inMountNS(tc.setup); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c.ctrRunFails(t, "it-notun-"+tc.name, "kernel", []string{"--with-ns", "network:" + path},
+				[]string{"/dev/net/tun"})
+			if left := netnsLeftovers(path); len(left) > 0 {
+				t.Errorf("left in the namespace:\n  %s", strings.Join(left, "\n  "))
+			}
 		})
 	}
 }

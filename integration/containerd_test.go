@@ -36,6 +36,11 @@ type flavour struct {
 	config *template.Template
 	bridge string // private CNI bridge
 	subnet string // private CNI subnet, on this machine only
+	// mountSetup, when set, is a shell script run in a mount namespace of
+	// containerd's own (unshare --mount, private propagation) before it
+	// execs containerd: containerd and every shim it starts see what the
+	// script changed (e.g. a broken /dev/net/tun); the host does not.
+	mountSetup string
 }
 
 var flavours = map[string]flavour{
@@ -271,7 +276,12 @@ func startContainerd(s *testSuite, f flavour) (*containerd, error) {
 		return nil, err
 	}
 	defer logf.Close()
-	c.cmd = exec.Command(f.bin, "--config", c.ConfigPath)
+	argv := []string{f.bin, "--config", c.ConfigPath}
+	if f.mountSetup != "" {
+		argv = append([]string{"unshare", "--mount", "--propagation", "private",
+			"sh", "-euc", f.mountSetup + "\nexec \"$@\"", "sh"}, argv...)
+	}
+	c.cmd = exec.Command(argv[0], argv[1:]...)
 	c.cmd.Stdout, c.cmd.Stderr = logf, logf
 	// containerd finds containerd-shim-kvm-v1 through PATH: the fresh build first.
 	c.cmd.Env = append(os.Environ(), "PATH="+s.binDir+":"+os.Getenv("PATH"))
@@ -352,6 +362,30 @@ func (c *containerd) stop() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// mounts lists the mount points at or below dir that containerd and its
+// shims see: in containerd's own mount namespace when it has one.
+func (c *containerd) mounts(dir string) []string {
+	if c.mountSetup != "" && c.cmd != nil && c.cmd.Process != nil {
+		select {
+		case <-c.exited:
+		default:
+			return mountsUnderIn(fmt.Sprintf("/proc/%d/mountinfo", c.cmd.Process.Pid), dir)
+		}
+	}
+	return mountsUnder(dir)
+}
+
+// inMountNS runs a shell script in containerd's mount namespace (see
+// flavour.mountSetup).
+func (c *containerd) inMountNS(script string) error {
+	out, err := exec.Command("nsenter", fmt.Sprintf("--mount=/proc/%d/ns/mnt", c.cmd.Process.Pid),
+		"sh", "-euc", script).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("in the mount namespace of containerd %s: %s: %v: %s", c.name, script, err, out)
+	}
+	return nil
 }
 
 // watch prints what containerd logged during t when t fails.

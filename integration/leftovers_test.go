@@ -89,7 +89,7 @@ func (c *containerd) leftovers(ids []shimID) []string {
 			found = append(found, fmt.Sprintf("task bundles in %s: %v", bundles, names))
 		}
 	}
-	for _, m := range mountsUnder(c.Dir) {
+	for _, m := range c.mounts(c.Dir) {
 		found = append(found, "mount "+m)
 	}
 	found = append(found, stateDirLeftovers(c.ShimState)...)
@@ -232,7 +232,12 @@ func dirNames(dir string) []string {
 
 // mountsUnder lists mount points at or below dir, deepest first.
 func mountsUnder(dir string) []string {
-	f, err := os.Open("/proc/self/mountinfo")
+	return mountsUnderIn("/proc/self/mountinfo", dir)
+}
+
+// mountsUnderIn lists mount points at or below dir in a mountinfo file.
+func mountsUnderIn(mountinfo, dir string) []string {
+	f, err := os.Open(mountinfo)
 	if err != nil {
 		return []string{err.Error()}
 	}
