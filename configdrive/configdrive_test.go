@@ -124,6 +124,16 @@ func TestMetaDataMinimal(t *testing.T) {
 	if _, err := renderMetaData(Instance{Name: "x"}, Options{}, nil); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("no uuid: err = %v, want InvalidArgument", err)
 	}
+	for _, h := range []string{"web-0", "web-0.example.com", "A1"} {
+		if _, err := renderMetaData(Instance{UUID: "u", Hostname: h}, Options{}, nil); err != nil {
+			t.Errorf("hostname %q: %v", h, err)
+		}
+	}
+	for _, h := range []string{"-web", "web_0", "a..b", "web.", strings.Repeat("a", 64), "a b", "ü"} {
+		if _, err := renderMetaData(Instance{UUID: "u", Hostname: h}, Options{}, nil); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("hostname %q: err = %v, want InvalidArgument", h, err)
+		}
+	}
 }
 
 func TestNetworkDataGolden(t *testing.T) {

@@ -16,6 +16,7 @@ type Instance struct {
 	// makes cloud-init treat the VM as a new instance. Use StableUUID.
 	UUID string
 	// Hostname is meta_data.json "hostname"; "" means SanitizeHostname(Name).
+	// When set it must be an RFC 1123 host name (dotted labels allowed).
 	Hostname string
 	// Name is meta_data.json "name" (the pod name).
 	Name string
@@ -83,6 +84,26 @@ func SanitizeHostname(podName string) string {
 	return s
 }
 
+// validHostname reports whether h is an RFC 1123 host name: dot-separated
+// labels of letters, digits and '-', not starting or ending with '-', each
+// at most 63 bytes, at most 253 in all.
+func validHostname(h string) bool {
+	if len(h) == 0 || len(h) > 253 {
+		return false
+	}
+	for _, label := range strings.Split(h, ".") {
+		if len(label) == 0 || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return false
+		}
+		for _, r := range label {
+			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // metaData is meta_data.json as nova writes it (the keys guests read).
 type metaData struct {
 	UUID             string            `json:"uuid"`
@@ -112,6 +133,8 @@ func renderMetaData(inst Instance, opts Options, seed []byte) ([]byte, error) {
 	host := inst.Hostname
 	if host == "" {
 		host = SanitizeHostname(inst.Name)
+	} else if !validHostname(host) {
+		return nil, fmt.Errorf("hostname %q is not an RFC 1123 host name: %w", host, errdefs.ErrInvalidArgument)
 	}
 	md := metaData{
 		UUID:             inst.UUID,
