@@ -31,11 +31,12 @@ install: build ## Install the shim to $(PREFIX)/bin and a default config (kept i
 setup: ## Install host packages, start virtlogd and libvirtd, build containerd 2.x
 	hack/setup-host.sh
 
-images: ## Build the guest test images (OCI archives in _output/images)
+images: ## Build the guest test images (OCI archives in _output/images), including the Debian cloud-init image
 	hack/guest/build.sh
+	hack/cloudimage/build.sh
 
-unit: ## Run the unit tests (privileged ones skip unless root)
-	$(GO) test ./...
+unit: ## Run the unit tests (privileged ones skip unless root; includes a full cloud-init guest boot under TCG)
+	$(GO) test -timeout 20m ./...
 
 integration: setup build images ## Run the integration tests against real containerd 1.6 and 2.x, libvirtd and QEMU
 	$(GO) test -tags integration -count=1 -v -timeout $(INTEGRATION_TIMEOUT) -run '$(INTEGRATION_RUN)' ./integration/
