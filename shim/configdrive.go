@@ -43,10 +43,7 @@ func buildConfigDrive(ctx context.Context, h *host, ident vmIdentity, vmDir stri
 	if format == configdrive.FormatISO9660 {
 		out = filepath.Join(vmDir, "config-2.iso")
 	}
-	name := ident.PodName
-	if name == "" {
-		name = ident.ContainerID
-	}
+	name := ident.name()
 	meta := map[string]string{}
 	for k, v := range opts.Meta {
 		meta[k] = v

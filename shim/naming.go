@@ -26,6 +26,14 @@ type vmIdentity struct {
 
 func (v vmIdentity) inPod() bool { return v.PodUID != "" && v.ContainerName != "" }
 
+// name is what the guest is called: the pod's name, else the container id.
+func (v vmIdentity) name() string {
+	if v.PodName != "" {
+		return v.PodName
+	}
+	return v.ContainerID
+}
+
 func (v vmIdentity) key() string {
 	if v.inPod() {
 		return "pod/" + v.PodUID + "/" + v.ContainerName

@@ -45,36 +45,51 @@ type createRequest struct {
 	netns      string // the pod's network namespace; "" for no network
 }
 
+// vmSettings is everything a VM container asks for, read from its OCI
+// spec and annotations and checked before anything is created.
+type vmSettings struct {
+	vcpus, memMiB int
+	cmdline       string
+	numaMode      numa.Mode
+	pageKiB       uint64
+	drive         configdrive.Options
+}
+
+func vmSettingsFrom(spec *specs.Spec, cfg Config, io stdio) (vmSettings, error) {
+	var s vmSettings
+	var err error
+	if s.vcpus, s.memMiB, err = vmSize(spec, cfg); err != nil {
+		return s, err
+	}
+	if s.cmdline, err = kernelCmdline(spec, cfg); err != nil {
+		return s, err
+	}
+	if err := checkStdio(io); err != nil {
+		return s, err
+	}
+	if s.numaMode, err = numaMode(spec, cfg); err != nil {
+		return s, err
+	}
+	if s.pageKiB, err = hugePageKiB(spec); err != nil {
+		return s, err
+	}
+	if pageMiB := int(s.pageKiB / 1024); pageMiB > 1 {
+		s.memMiB = (s.memMiB + pageMiB - 1) / pageMiB * pageMiB
+	}
+	if s.drive, err = configdrive.FromAnnotations(spec.Annotations, configdrive.Format(cfg.ConfigDriveFormat)); err != nil {
+		return s, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	return s, nil
+}
+
 // createVMTask validates the request, then prepares and defines the
 // domain. Each step's undo is registered as soon as the step succeeds, so a
 // failure leaves no mount, file or domain behind.
 func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentity, publish func(any)) (_ *vmTask, retErr error) {
 	// Input checks first: nothing is created for a request that is wrong.
-	vcpus, memMiB, err := vmSize(r.spec, h.cfg)
+	set, err := vmSettingsFrom(r.spec, h.cfg, r.stdio)
 	if err != nil {
 		return nil, err
-	}
-	cmdline, err := kernelCmdline(r.spec, h.cfg)
-	if err != nil {
-		return nil, err
-	}
-	if err := checkStdio(r.stdio); err != nil {
-		return nil, err
-	}
-	mode, err := numaMode(r.spec, h.cfg)
-	if err != nil {
-		return nil, err
-	}
-	pageKiB, err := hugePageKiB(r.spec)
-	if err != nil {
-		return nil, err
-	}
-	driveOpts, err := configdrive.FromAnnotations(r.spec.Annotations, configdrive.Format(h.cfg.ConfigDriveFormat))
-	if err != nil {
-		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
-	}
-	if pageMiB := int(pageKiB / 1024); pageMiB > 1 {
-		memMiB = (memMiB + pageMiB - 1) / pageMiB * pageMiB
 	}
 	name := ident.DomainName()
 	if err := takeOverDomainName(h.conn, name, ident.ContainerID); err != nil {
@@ -100,6 +115,9 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	} else {
 		rec.Overlay = filepath.Join(vmDir, "overlay.qcow2")
 	}
+	if h.numa != nil {
+		rec.NUMAOwner, rec.NUMAStore = numaOwner(name, r.id), h.cfg.NUMAStateFile
+	}
 	// The record goes first: if this shim dies halfway, the cleanup
 	// `delete` finds every piece from it.
 	if err := writeRecord(r.bundle, &rec); err != nil {
@@ -110,11 +128,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	var placement *vm.Pinning
 	var placementJSON string
 	if h.numa != nil {
-		rec.NUMAOwner, rec.NUMAStore = numaOwner(name, r.id), h.cfg.NUMAStateFile
-		if err := writeRecord(r.bundle, &rec); err != nil {
-			return nil, fmt.Errorf("write task record: %w", err)
-		}
-		p, err := h.numa.Reserve(numa.Request{Owner: rec.NUMAOwner, VCPUs: vcpus, MemoryMiB: memMiB, Mode: mode})
+		p, err := h.numa.Reserve(numa.Request{Owner: rec.NUMAOwner, VCPUs: set.vcpus, MemoryMiB: set.memMiB, Mode: set.numaMode})
 		if err != nil {
 			return nil, err
 		}
@@ -145,7 +159,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 
 	spec := vm.Spec{
 		Name: name, UUID: ident.UUID(),
-		VCPUs: vcpus, MemoryMiB: memMiB,
+		VCPUs: set.vcpus, MemoryMiB: set.memMiB,
 		Accel: h.accel, Emulator: h.cfg.QEMUBinary, Machine: h.cfg.Machine,
 		Console: vm.Console{Socket: filepath.Join(vmDir, "console.sock"), Log: filepath.Join(vmDir, "console.log")},
 		Meta: vm.Metadata{
@@ -154,12 +168,12 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 			ContainerName: ident.ContainerName, StateDir: vmDir, NUMA: placementJSON,
 		},
 		Pinning:     placement,
-		HugePageKiB: pageKiB,
+		HugePageKiB: set.pageKiB,
 	}
 	var fdServer *netfd.Server
 	var guestNet *configdrive.Network
 	if r.netns != "" {
-		n, pn, srv, err := setupNetwork(ctx, h, r.netns, name, ident.runtimeKey(), vcpus, &undo)
+		n, pn, srv, err := setupNetwork(ctx, h, r.netns, name, ident.runtimeKey(), set.vcpus, &undo)
 		if err != nil {
 			return nil, err
 		}
@@ -173,16 +187,16 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 			log.G(ctx).WithError(err).Warn("read the pod's resolv.conf")
 		}
 		if src.Kernel != "" {
-			if arg := ipKernelArg(pn, dns, hostname(ident)); arg != "" {
-				cmdline += " " + arg
+			if arg := ipKernelArg(pn, dns, configdrive.SanitizeHostname(ident.name())); arg != "" {
+				set.cmdline += " " + arg
 			}
 		}
 		if guestNet, err = driveNetwork(pn, dns, search); err != nil {
 			return nil, err
 		}
 	}
-	if !driveOpts.Disabled {
-		cd, err := buildConfigDrive(ctx, h, ident, vmDir, guestNet, driveOpts)
+	if !set.drive.Disabled {
+		cd, err := buildConfigDrive(ctx, h, ident, vmDir, guestNet, set.drive)
 		if err != nil {
 			return nil, err
 		}
@@ -195,7 +209,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		}
 		spec.Disk = disk
 	} else {
-		kernel, err := prepareKernel(rootfs, src, vmDir, cmdline)
+		kernel, err := prepareKernel(rootfs, src, vmDir, set.cmdline)
 		if err != nil {
 			return nil, err
 		}
@@ -212,16 +226,8 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	undo.add(func() { _ = h.conn.Undefine(name) })
 
 	log.G(ctx).WithField("vm", name).WithField("accel", h.accel).
-		WithField("vcpus", vcpus).WithField("memoryMiB", memMiB).Info("defined VM")
+		WithField("vcpus", set.vcpus).WithField("memoryMiB", set.memMiB).Info("defined VM")
 	return &vmTask{proc: newProc(r.id, r.bundle, r.stdio), h: h, rec: rec, publish: publish, fdServer: fdServer}, nil
-}
-
-// hostname is the guest's hostname: the pod's name, else the container id.
-func hostname(ident vmIdentity) string {
-	if ident.PodName != "" {
-		return namePart(ident.PodName, 63)
-	}
-	return namePart(ident.ContainerID, 63)
 }
 
 // takeOverDomainName makes sure name is free for container id: a stopped
