@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
+)
+
+// densityResult is one round of pods started at once through CRI.
+type densityResult struct {
+	Flavour string `json:"flavour"`
+	Pods    int    `json:"pods"`
+	// PerPodMs: for every pod that made it, from its RunPodSandbox until
+	// ContainerStatus reported its VM container RUNNING.
+	PerPodMs []float64 `json:"per_pod_ms"`
+	Summary  Summary   `json:"per_pod"`
+	// WallMs: from the start of the round until the last pod was RUNNING.
+	WallMs    float64  `json:"wall_ms"`
+	Failures  []string `json:"failures,omitempty"`
+	Leftovers []string `json:"leftovers,omitempty"`
+}
+
+// densityPoll is how often each pod's goroutine asks ContainerStatus.
+const densityPoll = 20 * time.Millisecond
+
+// runDensity measures section 4 on every flavour.
+func runDensity(ctx context.Context, e *env) ([]densityResult, error) {
+	var out []densityResult
+	for _, d := range e.daemons {
+		for _, n := range e.cfg.densityPods {
+			logf("density: containerd %s, %d pod(s) at once", d.name(), n)
+			r, err := densityRound(ctx, d, n)
+			if err != nil {
+				return out, fmt.Errorf("containerd %s, %d pods: %w", d.name(), n, err)
+			}
+			logf("density: %d/%d RUNNING, median %.0f ms per pod, %d failure(s)", len(r.PerPodMs), n, r.Summary.Median, len(r.Failures))
+			out = append(out, r)
+			select {
+			case <-ctx.Done():
+				return out, ctx.Err()
+			case <-time.After(2 * time.Second): // let the host go idle
+			}
+		}
+	}
+	return out, nil
+}
+
+// densityRound starts n VM pods concurrently, one goroutine each, then
+// removes them all and checks that nothing is left.
+func densityRound(ctx context.Context, d *daemon, n int) (densityResult, error) {
+	res := densityResult{Flavour: d.name(), Pods: n}
+	cl, err := d.DialCRI()
+	if err != nil {
+		return res, err
+	}
+	defer cl.Close()
+
+	type outcome struct {
+		pod *testenv.Pod
+		dur time.Duration
+		err error
+	}
+	outcomes := make([]outcome, n)
+	var wg sync.WaitGroup
+	gate := make(chan struct{})
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-gate
+			o := &outcomes[i]
+			t0 := time.Now()
+			o.pod, o.err = cl.RunPod(ctx, testenv.PodOptions{Name: fmt.Sprintf("dens-%d-%d", n, i), Namespace: "kvmbench", Handler: "kvm"})
+			if o.err != nil {
+				return
+			}
+			var cid string
+			if cid, o.err = cl.CreateContainer(ctx, o.pod, testenv.ContainerOptions{Name: "vm", Image: d.kernelRef}); o.err != nil {
+				return
+			}
+			if o.err = cl.StartContainer(ctx, cid); o.err != nil {
+				return
+			}
+			wctx, cancel := context.WithTimeout(ctx, runningTimeout)
+			defer cancel()
+			if _, o.err = cl.WaitContainerState(wctx, cid, cri.ContainerState_CONTAINER_RUNNING, densityPoll); o.err != nil {
+				return
+			}
+			o.dur = time.Since(t0)
+		}()
+	}
+	start := time.Now()
+	close(gate)
+	wg.Wait()
+	res.WallMs = ms(time.Since(start))
+
+	for i, o := range outcomes {
+		if o.err != nil {
+			res.Failures = append(res.Failures, fmt.Sprintf("pod %d: %v", i, o.err))
+			continue
+		}
+		res.PerPodMs = append(res.PerPodMs, ms(o.dur))
+	}
+	res.Summary = summarize(res.PerPodMs)
+
+	// Remove everything, concurrently as kubelet would, then check.
+	var rm sync.WaitGroup
+	var mu sync.Mutex
+	for _, o := range outcomes {
+		if o.pod == nil {
+			continue
+		}
+		rm.Add(1)
+		go func() {
+			defer rm.Done()
+			if err := cl.RemovePod(context.WithoutCancel(ctx), o.pod.ID); err != nil {
+				mu.Lock()
+				res.Failures = append(res.Failures, "remove: "+err.Error())
+				mu.Unlock()
+			}
+		}()
+	}
+	rm.Wait()
+	res.Leftovers = d.WaitNothingLeft(ctx, 2*goneTimeout)
+	if len(res.Leftovers) > 0 {
+		logf("density: left behind, removing: %s", strings.Join(res.Leftovers, "; "))
+		d.ForceCleanup(ctx)
+	}
+	return res, nil
+}

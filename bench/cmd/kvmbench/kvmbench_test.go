@@ -1,0 +1,186 @@
+package main
+
+import (
+	"bufio"
+	"math"
+	"strings"
+	"testing"
+)
+
+func TestSummarize(t *testing.T) {
+	s := summarize([]float64{10, 1, 9, 2, 8, 3, 7, 4, 6, 5})
+	if s.N != 10 || s.Min != 1 || s.Max != 10 || s.Median != 5.5 || s.Mean != 5.5 {
+		t.Errorf("summary = %+v", s)
+	}
+	// Type 7: h = 0.9*9 = 8.1, between the 9th (9) and 10th (10).
+	if math.Abs(s.P90-9.1) > 1e-9 {
+		t.Errorf("p90 = %v, want 9.1", s.P90)
+	}
+	if one := summarize([]float64{42}); one.Median != 42 || one.P90 != 42 {
+		t.Errorf("one sample: %+v", one)
+	}
+	if empty := summarize(nil); empty.N != 0 {
+		t.Errorf("no samples: %+v", empty)
+	}
+}
+
+func TestHasLine(t *testing.T) {
+	for in, want := range map[string]bool{
+		"":                        false,
+		"Linux version 6.1":       false, // not complete yet
+		"\r\n  \n":                false,
+		"\nLinux version 6.1\r\n": true,
+		"\x1b[2J\x1b[H\nabc\n":    true,
+	} {
+		if got := hasLine([]byte(in)); got != want {
+			t.Errorf("hasLine(%q) = %v, want %v", in, got, want)
+		}
+	}
+}
+
+const shimXML = `<domain type='qemu'>
+  <name>kvm-default-lat-template-74de1d145fa7</name>
+  <uuid>6f1c2a4e-8d3b-5e7f-9a0b-1c2d3e4f5a6b</uuid>
+  <metadata>
+    <kvm:vm xmlns:kvm="https://github.com/kvm-shim/containerd-shim-kvm-v1/metadata/v1">
+      <kvm:container-id>lat-template</kvm:container-id>
+    </kvm:vm>
+  </metadata>
+  <memory unit='KiB'>131072</memory>
+  <os>
+    <kernel>/run/b/shim-state/vms/abc/vmlinuz</kernel>
+    <initrd>/run/b/shim-state/vms/abc/initrd</initrd>
+  </os>
+  <devices>
+    <disk type='file' device='disk'>
+      <source file='/run/b/shim-state/vms/abc/config-2.img'/>
+    </disk>
+    <serial type='unix'>
+      <source mode='bind' path='/run/b/shim-state/vms/abc/console.sock'/>
+      <log file='/run/b/shim-state/vms/abc/console.log' append='on'/>
+    </serial>
+  </devices>
+</domain>`
+
+func TestBaselineXML(t *testing.T) {
+	m := consoleLogRE.FindStringSubmatch(shimXML)
+	if m == nil || m[1] != "/run/b/shim-state/vms/abc" {
+		t.Fatalf("console log dir: %v", m)
+	}
+	x, err := baselineXML(shimXML, m[1], "/run/b/raw/files", "/run/b/shim-state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"<name>@NAME@</name>", "<uuid>@UUID@</uuid>",
+		"<kernel>/run/b/raw/files/vmlinuz</kernel>", "<initrd>/run/b/raw/files/initrd</initrd>",
+		"file='/run/b/raw/files/config-2.img'", "path='@RUNDIR@/console.sock'", "file='@RUNDIR@/console.log'",
+		"<memory unit='KiB'>131072</memory>",
+	} {
+		if !strings.Contains(x, want) {
+			t.Errorf("baseline XML lacks %s:\n%s", want, x)
+		}
+	}
+	if strings.Contains(x, "metadata") || strings.Contains(x, "shim-state") {
+		t.Errorf("baseline XML keeps the shim's metadata or state dir:\n%s", x)
+	}
+	overlay := strings.Replace(shimXML, "/run/b/shim-state/vms/abc/config-2.img", "/run/b/shim-state/pods/u/vm/overlay.qcow2", 1)
+	if _, err := baselineXML(overlay, m[1], "/run/b/raw/files", "/run/b/shim-state"); err == nil {
+		t.Error("a disk outside the VM dir must be refused")
+	}
+}
+
+func TestParseBench(t *testing.T) {
+	out := `goos: linux
+goarch: amd64
+pkg: example.com/m/configdrive
+cpu: AMD EPYC
+BenchmarkBuildVFAT-2   	     100	   5000000 ns/op	   57931 B/op	     508 allocs/op
+BenchmarkBuildVFAT-2   	     100	   7000000 ns/op	   57931 B/op	     508 allocs/op
+BenchmarkBuildVFAT-2   	     100	   6000000 ns/op	   57931 B/op	     508 allocs/op
+BenchmarkReserve8Nodes/fs=tmpfs-2 	 1000	 83100 ns/op
+PASS
+ok  	example.com/m/configdrive	3.1s
+PASS
+ok  	example.com/m/vm	0.01s
+`
+	got, empty := parseBench(out)
+	if len(got) != 2 {
+		t.Fatalf("got %+v", got)
+	}
+	if b := got[0]; b.Name != "BenchmarkBuildVFAT" || b.Runs != 3 || b.Median["ns/op"] != 6e6 || b.Median["allocs/op"] != 508 {
+		t.Errorf("first = %+v", b)
+	}
+	if b := got[1]; b.Name != "BenchmarkReserve8Nodes/fs=tmpfs" || b.Package != "example.com/m/configdrive" {
+		t.Errorf("second = %+v", b)
+	}
+	if len(empty) != 1 || empty[0] != "example.com/m/vm" {
+		t.Errorf("packages without benchmarks = %v", empty)
+	}
+}
+
+func TestParseSmapsRollup(t *testing.T) {
+	in := `55c0a0000000-7ffd4b1fe000 ---p 00000000 00:00 0                          [rollup]
+Rss:               15772 kB
+Pss:               10240 kB
+Pss_Anon:           6000 kB
+Pss_File:           4240 kB
+Pss_Shmem:             0 kB
+`
+	m, err := parseSmapsRollup(bufio.NewScanner(strings.NewReader(in)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m["Rss"] != 15772 || m["Pss"] != 10240 || m["Pss_Anon"] != 6000 || m["Pss_File"] != 4240 {
+		t.Errorf("got %v", m)
+	}
+	if _, err := parseSmapsRollup(bufio.NewScanner(strings.NewReader("Rss: 1 kB\n"))); err == nil {
+		t.Error("no Pss must be an error")
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	c, err := parseFlags([]string{"-quick", "-runs", "5"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.runs != 5 || c.microCount != 1 || len(c.densityPods) != 2 || c.densityPods[1] != 4 {
+		t.Errorf("-quick with -runs 5: %+v", c)
+	}
+	if _, err := parseFlags([]string{"-sections", "latency,bogus"}); err == nil {
+		t.Error("an unknown section must be an error")
+	}
+	if _, err := parseFlags([]string{"-density-pods", "1,0"}); err == nil {
+		t.Error("a zero pod count must be an error")
+	}
+}
+
+func TestTableAndMarkdown(t *testing.T) {
+	r := &results{Command: "go run ./bench/cmd/kvmbench", Machine: facts{CPU: "X", Cores: 2, AccelWhy: "no KVM"}}
+	r.Latency = &latencyResults{Paths: []*pathResult{
+		{Key: "raw", Label: "baseline", StartMs: []float64{100, 110}, FirstLineMs: []float64{1}, ReadyMs: []float64{2}},
+		{Key: "ctr-1.6", Label: "ctr", Flavour: "1.6", StartMs: []float64{105, 115}, FirstLineMs: []float64{1}, ReadyMs: []float64{2}},
+	}}
+	r.Memory = []memoryResult{
+		{Flavour: "1.6", Runtime: "kvm", Pods: 1, PSSPerPodMiB: 9},
+		{Flavour: "1.6", Runtime: "runc", Pods: 1, PSSPerPodMiB: 10},
+	}
+	r.Density = []densityResult{
+		{Flavour: "1.6", Pods: 1, Summary: summarize([]float64{500}), WallMs: 500},
+		{Flavour: "1.6", Pods: 20, Summary: summarize([]float64{600, 700}), WallMs: 4000},
+	}
+	r.build()
+	tab := r.table()
+	for _, want := range []string{"TCG", "1.05x baseline, +5.0 ms", "ratio <= 1.10", "kvm PSS <= runc PSS", "1.30x per-pod time", "not measured"} {
+		if !strings.Contains(tab, want) {
+			t.Errorf("table lacks %q:\n%s", want, tab)
+		}
+	}
+	if strings.Count(tab, "NOT MET") != 0 {
+		t.Errorf("every target is met in this input:\n%s", tab)
+	}
+	md := r.markdown()
+	if !strings.Contains(md, "| section | measure | value | target | status |") || !strings.Contains(md, "TCG") {
+		t.Errorf("markdown:\n%s", md)
+	}
+}

@@ -1,0 +1,440 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/digitalocean/go-libvirt"
+	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
+)
+
+const (
+	bootTimeout    = 2 * time.Minute
+	runningTimeout = 2 * time.Minute
+	goneTimeout    = 30 * time.Second
+	statusPoll     = 5 * time.Millisecond
+)
+
+// pathResult is every sample of one way of starting the same VM.
+type pathResult struct {
+	Key     string `json:"key"`     // "raw", "ctr-1.6", "cri-2.x", ...
+	Label   string `json:"label"`   // what the table calls it
+	Flavour string `json:"flavour"` // containerd flavour; "" for the baseline
+	// StartMs: from the first call until the task (or domain) is RUNNING.
+	StartMs []float64 `json:"start_ms"`
+	// FirstLineMs and ReadyMs: from the same start until the guest's first
+	// console line and its userspace's ready line.
+	FirstLineMs []float64 `json:"first_line_ms"`
+	ReadyMs     []float64 `json:"ready_ms"`
+	// PhasesMs splits StartMs: for CRI the three calls, for ctr the moment
+	// `ctr run -d` exited, for the baseline define and create.
+	PhasesMs map[string][]float64 `json:"phases_ms"`
+	Failures []string             `json:"failures,omitempty"`
+}
+
+func (p *pathResult) phase(name string, d time.Duration) {
+	if p.PhasesMs == nil {
+		p.PhasesMs = map[string][]float64{}
+	}
+	p.PhasesMs[name] = append(p.PhasesMs[name], ms(d))
+}
+
+// latencyResults are sections 1 and 2.
+type latencyResults struct {
+	Runs   int `json:"runs"`
+	Warmup int `json:"warmup"`
+	// Template is the domain XML the baseline defines: the shim's own
+	// (inactive) XML of a ctr-started VM, renamed, with fresh paths.
+	Template string        `json:"baseline_domain_xml"`
+	Paths    []*pathResult `json:"paths"`
+}
+
+// baseline defines and creates the shim's domain XML with go-libvirt
+// directly, on one connection kept open (as a long-lived agent would).
+type baseline struct {
+	l        *libvirt.Libvirt
+	template string // with @NAME@, @UUID@, @RUNDIR@
+	rawDir   string
+}
+
+// runLatency measures sections 1 and 2: per iteration, every path once,
+// interleaved so that drift of the host affects all alike.
+func runLatency(ctx context.Context, e *env) (*latencyResults, error) {
+	res := &latencyResults{Runs: e.cfg.runs, Warmup: e.cfg.warmup}
+	first := e.daemons[0]
+	l, err := testenv.ConnectLibvirt()
+	if err != nil {
+		return nil, err
+	}
+	defer l.Disconnect()
+
+	// The template: the shim defines the VM, we take its XML.
+	logf("latency: capturing the shim's domain XML from a ctr run on containerd %s", first.name())
+	bl, err := captureTemplate(ctx, l, first, e.rawDir)
+	if err != nil {
+		return nil, fmt.Errorf("capture the shim's domain XML: %w", err)
+	}
+	res.Template = bl.template
+
+	raw := &pathResult{Key: "raw", Label: "go-libvirt define+create (baseline)"}
+	type step struct {
+		p   *pathResult
+		run func(i int, p *pathResult) error
+	}
+	steps := []step{{raw, func(i int, p *pathResult) error { return bl.run(ctx, i, p) }}}
+	for _, d := range e.daemons {
+		ctrP := &pathResult{Key: "ctr-" + d.name(), Label: "ctr run -d, containerd " + d.name(), Flavour: d.name()}
+		criP := &pathResult{Key: "cri-" + d.name(), Label: "CRI sandbox+create+start, containerd " + d.name(), Flavour: d.name()}
+		steps = append(steps,
+			step{ctrP, func(i int, p *pathResult) error { return ctrRun(ctx, d, i, p) }},
+			step{criP, func(i int, p *pathResult) error { return criRun(ctx, d, i, p) }})
+	}
+	for _, s := range steps {
+		res.Paths = append(res.Paths, s.p)
+	}
+
+	total := e.cfg.warmup + e.cfg.runs
+	for i := 0; i < total; i++ {
+		logf("latency: iteration %d/%d%s", i+1, total, map[bool]string{true: " (warm-up, not counted)"}[i < e.cfg.warmup])
+		for _, s := range steps {
+			sink := s.p
+			if i < e.cfg.warmup {
+				sink = &pathResult{}
+			}
+			if err := s.run(i, sink); err != nil {
+				logf("latency: %s run %d failed: %v", s.p.Key, i, err)
+				s.p.Failures = append(s.p.Failures, fmt.Sprintf("run %d: %v", i, err))
+				for _, d := range e.daemons {
+					if left := d.ForceCleanup(ctx); len(left) > 0 {
+						logf("latency: removed after the failure: %s", strings.Join(left, "; "))
+					}
+				}
+			}
+		}
+	}
+	for _, d := range e.daemons {
+		if left := d.WaitNothingLeft(ctx, goneTimeout); len(left) > 0 {
+			return res, fmt.Errorf("containerd %s: left after the latency runs: %s", d.name(), strings.Join(left, "; "))
+		}
+	}
+	return res, nil
+}
+
+// ctrRun: `ctr run -d` until the task is RUNNING, then the boot, then kill
+// and delete.
+func ctrRun(ctx context.Context, d *daemon, i int, p *pathResult) (retErr error) {
+	id := fmt.Sprintf("lat-%d", i)
+	tasks, err := d.DialTasks()
+	if err != nil {
+		return err
+	}
+	defer tasks.Close()
+	defer func() {
+		if err := ctrRemove(ctx, d, tasks, id); err != nil && retErr == nil {
+			retErr = err
+		}
+	}()
+
+	t0 := time.Now()
+	r := d.Ctr(ctx, testenv.NamespaceDefault, "run", "-d", "--runtime", testenv.RuntimeKVM,
+		"--runtime-config-path", d.ShimConfigPath, d.kernelRef, id)
+	exited := time.Since(t0)
+	if r.Err != nil {
+		return fmt.Errorf("%v", r)
+	}
+	if err := waitTask(ctx, tasks, id, "RUNNING"); err != nil {
+		return err
+	}
+	start := time.Since(t0)
+	bt, err := bootWatch(ctx, t0, shimConsole(d.ShimStateDir))
+	if err != nil {
+		return err
+	}
+	p.StartMs = append(p.StartMs, ms(start))
+	p.phase("ctr_exited", exited)
+	p.FirstLineMs = append(p.FirstLineMs, ms(bt.FirstLine))
+	p.ReadyMs = append(p.ReadyMs, ms(bt.Ready))
+	return nil
+}
+
+func bootWatch(ctx context.Context, t0 time.Time, locate func() string) (bootTimes, error) {
+	ctx, cancel := context.WithTimeout(ctx, bootTimeout)
+	defer cancel()
+	return watchConsole(ctx, t0, locate)
+}
+
+func waitTask(ctx context.Context, tasks *testenv.Tasks, id, want string) error {
+	ctx, cancel := context.WithTimeout(ctx, runningTimeout)
+	defer cancel()
+	return testenv.Poll(ctx, statusPoll, func() (bool, string) {
+		st, _, err := tasks.Status(ctx, testenv.NamespaceDefault, id)
+		if err != nil {
+			return false, err.Error()
+		}
+		return st == want, fmt.Sprintf("task %s is %q, want %s", id, st, want)
+	})
+}
+
+// ctrRemove kills (SIGKILL: the VM is destroyed) and deletes the task and
+// the container, then waits until the shim and the domain are gone.
+func ctrRemove(ctx context.Context, d *daemon, tasks *testenv.Tasks, id string) error {
+	if st, _, _ := tasks.Status(ctx, testenv.NamespaceDefault, id); st != "" {
+		if st != "STOPPED" {
+			if r := d.Ctr(ctx, testenv.NamespaceDefault, "task", "kill", "-s", "KILL", id); r.Err != nil {
+				return fmt.Errorf("%v", r)
+			}
+			if err := waitTask(ctx, tasks, id, "STOPPED"); err != nil {
+				return err
+			}
+		}
+		if r := d.Ctr(ctx, testenv.NamespaceDefault, "task", "delete", id); r.Err != nil {
+			return fmt.Errorf("%v", r)
+		}
+	}
+	if r := d.Ctr(ctx, testenv.NamespaceDefault, "containers", "delete", id); r.Err != nil &&
+		!strings.Contains(r.Stderr, "not found") {
+		return fmt.Errorf("%v", r)
+	}
+	return waitGone(ctx, d)
+}
+
+// waitGone waits until no shim process serves d and no domain of its shim
+// exists.
+func waitGone(ctx context.Context, d *daemon) error {
+	l, err := testenv.ConnectLibvirt()
+	if err != nil {
+		return err
+	}
+	defer l.Disconnect()
+	ctx, cancel := context.WithTimeout(ctx, goneTimeout)
+	defer cancel()
+	return testenv.Poll(ctx, 50*time.Millisecond, func() (bool, string) {
+		doms, err := testenv.DomainsMentioning(l, d.ShimStateDir)
+		if err != nil {
+			return false, err.Error()
+		}
+		procs := d.ShimProcesses()
+		return len(doms) == 0 && len(procs) == 0, fmt.Sprintf("domains %v, shim processes %v", doms, procs)
+	})
+}
+
+// criRun: RunPodSandbox + CreateContainer + StartContainer until
+// ContainerStatus is RUNNING, then the boot, then the pod is removed.
+func criRun(ctx context.Context, d *daemon, i int, p *pathResult) (retErr error) {
+	cl, err := d.DialCRI()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	var pod *testenv.Pod
+	defer func() {
+		if pod != nil {
+			if err := cl.RemovePod(ctx, pod.ID); err != nil && retErr == nil {
+				retErr = err
+			}
+		}
+		if err := waitGone(ctx, d); err != nil && retErr == nil {
+			retErr = err
+		}
+	}()
+
+	t0 := time.Now()
+	pod, err = cl.RunPod(ctx, testenv.PodOptions{Name: fmt.Sprintf("lat-%d", i), Namespace: "kvmbench", Handler: "kvm"})
+	if err != nil {
+		return err
+	}
+	tPod := time.Since(t0)
+	cid, err := cl.CreateContainer(ctx, pod, testenv.ContainerOptions{Name: "vm", Image: d.kernelRef})
+	if err != nil {
+		return err
+	}
+	tCreate := time.Since(t0)
+	if err := cl.StartContainer(ctx, cid); err != nil {
+		return err
+	}
+	tStart := time.Since(t0)
+	wctx, cancel := context.WithTimeout(ctx, runningTimeout)
+	defer cancel()
+	if _, err := cl.WaitContainerState(wctx, cid, cri.ContainerState_CONTAINER_RUNNING, statusPoll); err != nil {
+		return err
+	}
+	start := time.Since(t0)
+	bt, err := bootWatch(ctx, t0, shimConsole(d.ShimStateDir))
+	if err != nil {
+		return err
+	}
+	p.StartMs = append(p.StartMs, ms(start))
+	p.phase("run_pod_sandbox", tPod)
+	p.phase("create_container", tCreate-tPod)
+	p.phase("start_container", tStart-tCreate)
+	p.FirstLineMs = append(p.FirstLineMs, ms(bt.FirstLine))
+	p.ReadyMs = append(p.ReadyMs, ms(bt.Ready))
+	return nil
+}
+
+// captureTemplate starts a VM with ctr, takes the shim's inactive domain
+// XML and copies the files it names (kernel, initrd, config drive) into
+// rawDir, then removes the VM again.
+func captureTemplate(ctx context.Context, l *libvirt.Libvirt, d *daemon, rawDir string) (_ *baseline, retErr error) {
+	const id = "lat-template"
+	tasks, err := d.DialTasks()
+	if err != nil {
+		return nil, err
+	}
+	defer tasks.Close()
+	defer func() {
+		if err := ctrRemove(ctx, d, tasks, id); err != nil && retErr == nil {
+			retErr = err
+		}
+	}()
+	if r := d.Ctr(ctx, testenv.NamespaceDefault, "run", "-d", "--runtime", testenv.RuntimeKVM,
+		"--runtime-config-path", d.ShimConfigPath, d.kernelRef, id); r.Err != nil {
+		return nil, fmt.Errorf("%v", r)
+	}
+	if err := waitTask(ctx, tasks, id, "RUNNING"); err != nil {
+		return nil, err
+	}
+	doms, err := testenv.DomainsMentioning(l, d.ShimStateDir)
+	if err != nil {
+		return nil, err
+	}
+	if len(doms) != 1 {
+		return nil, fmt.Errorf("want one domain of the shim, found %v", doms)
+	}
+	dom, err := l.DomainLookupByName(doms[0])
+	if err != nil {
+		return nil, err
+	}
+	xml, err := l.DomainGetXMLDesc(dom, libvirt.DomainXMLInactive)
+	if err != nil {
+		return nil, err
+	}
+	m := consoleLogRE.FindStringSubmatch(xml)
+	if m == nil {
+		return nil, fmt.Errorf("no console log in the shim's domain XML:\n%s", xml)
+	}
+	vmDir := m[1]
+	filesDir := filepath.Join(rawDir, "files")
+	if err := os.MkdirAll(filesDir, 0o711); err != nil {
+		return nil, err
+	}
+	entries, err := os.ReadDir(vmDir)
+	if err != nil {
+		return nil, err
+	}
+	for _, ent := range entries {
+		if !ent.Type().IsRegular() || strings.HasPrefix(ent.Name(), "console.") {
+			continue
+		}
+		fi, err := ent.Info()
+		if err != nil {
+			return nil, err
+		}
+		if err := copyFile(filepath.Join(vmDir, ent.Name()), filepath.Join(filesDir, ent.Name()), fi.Mode().Perm()); err != nil {
+			return nil, err
+		}
+	}
+	tmpl, err := baselineXML(xml, vmDir, filesDir, d.ShimStateDir)
+	if err != nil {
+		return nil, err
+	}
+	return &baseline{l: l, template: tmpl, rawDir: rawDir}, nil
+}
+
+var (
+	consoleLogRE = regexp.MustCompile(`<log file=['"]([^'"]+)/console\.log['"]`)
+	metadataRE   = regexp.MustCompile(`(?s)\s*<metadata>.*?</metadata>`)
+	nameRE       = regexp.MustCompile(`<name>[^<]*</name>`)
+	uuidRE       = regexp.MustCompile(`<uuid>[^<]*</uuid>`)
+)
+
+// baselineXML turns the shim's domain XML into the baseline's template:
+// placeholders for name, uuid and the per-run dir of the console, the
+// shim's files replaced by the copies in filesDir, and no <metadata> (the
+// shim must not take the baseline's domains for its own). Everything else
+// (devices, sizes, pinning, emulator) stays as the shim rendered it.
+func baselineXML(xml, vmDir, filesDir, stateDir string) (string, error) {
+	x := metadataRE.ReplaceAllString(xml, "")
+	x = nameRE.ReplaceAllString(x, "<name>@NAME@</name>")
+	x = uuidRE.ReplaceAllString(x, "<uuid>@UUID@</uuid>")
+	for _, f := range []string{"console.sock", "console.log"} {
+		x = strings.ReplaceAll(x, filepath.Join(vmDir, f), "@RUNDIR@/"+f)
+	}
+	x = strings.ReplaceAll(x, vmDir+"/", filesDir+"/")
+	if strings.Contains(x, stateDir+"/") {
+		return "", fmt.Errorf("the domain XML still names the shim's state dir %s (a disk overlay?): only direct kernel boot images are supported", stateDir)
+	}
+	for _, ph := range []string{"@NAME@", "@UUID@", "@RUNDIR@/console.log"} {
+		if !strings.Contains(x, ph) {
+			return "", fmt.Errorf("the domain XML has no place for %s", ph)
+		}
+	}
+	return x, nil
+}
+
+// run defines and creates one baseline domain until it is running, then
+// waits for the boot, destroys and undefines it.
+func (b *baseline) run(ctx context.Context, i int, p *pathResult) (retErr error) {
+	name := fmt.Sprintf("kvmbench-raw-%d-%d", os.Getpid(), i)
+	runDir := filepath.Join(b.rawDir, fmt.Sprintf("run-%d", i))
+	if err := os.MkdirAll(runDir, 0o711); err != nil {
+		return err
+	}
+	defer os.RemoveAll(runDir)
+	xml := strings.NewReplacer("@NAME@", name, "@UUID@", newUUID(), "@RUNDIR@", runDir).Replace(b.template)
+
+	t0 := time.Now()
+	dom, err := b.l.DomainDefineXML(xml)
+	if err != nil {
+		return fmt.Errorf("define: %w", err)
+	}
+	defer func() {
+		_ = b.l.DomainDestroy(dom)
+		if err := b.l.DomainUndefine(dom); err != nil && retErr == nil {
+			retErr = fmt.Errorf("undefine %s: %w", name, err)
+		}
+	}()
+	tDefine := time.Since(t0)
+	if err := b.l.DomainCreate(dom); err != nil {
+		return fmt.Errorf("create: %w", err)
+	}
+	tCreate := time.Since(t0)
+	state, _, err := b.l.DomainGetState(dom, 0)
+	if err != nil {
+		return err
+	}
+	if libvirt.DomainState(state) != libvirt.DomainRunning {
+		return fmt.Errorf("domain %s is in state %d after create, want running", name, state)
+	}
+	start := time.Since(t0)
+	logPath := filepath.Join(runDir, "console.log")
+	bt, err := bootWatch(ctx, t0, func() string { return logPath })
+	if err != nil {
+		return err
+	}
+	p.StartMs = append(p.StartMs, ms(start))
+	p.phase("define", tDefine)
+	p.phase("create", tCreate-tDefine)
+	p.FirstLineMs = append(p.FirstLineMs, ms(bt.FirstLine))
+	p.ReadyMs = append(p.ReadyMs, ms(bt.Ready))
+	return nil
+}
+
+func newUUID() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(errors.New("no randomness: " + err.Error()))
+	}
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}

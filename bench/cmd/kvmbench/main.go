@@ -1,0 +1,223 @@
+// Command kvmbench measures the kvm shim on this machine against baselines:
+// start latency (ctr and CRI against go-libvirt defining the same domain
+// XML), time to guest userspace, shim memory against the runc shim,
+// density (concurrent CRI pods) and the Go micro-benchmarks. It starts its
+// own private containerd daemons (internal/testenv), prints one table and
+// writes the results as JSON and Markdown under bench/results/.
+//
+// Run it as root from the repository root after hack/setup-host.sh,
+// hack/guest/build.sh and make build:
+//
+//	go run ./bench/cmd/kvmbench            # the full run (about 20 minutes)
+//	go run ./bench/cmd/kvmbench -quick     # a few iterations (a few minutes)
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// config is what the flags chose.
+type config struct {
+	flavours     []string
+	sections     []string
+	runs         int
+	warmup       int
+	memoryPods   []int
+	densityPods  []int
+	vcpus        int
+	memoryMiB    int
+	microCount   int
+	microTime    string
+	binDir       string
+	imagesDir    string
+	outDir       string
+	keep         bool
+	debug        bool
+	quick        bool
+	commandLine  string
+	writeResults bool
+}
+
+var allSections = []string{"latency", "memory", "density", "micro"}
+
+func main() {
+	c, err := parseFlags(os.Args[1:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kvmbench:", err)
+		os.Exit(2)
+	}
+	if err := run(c); err != nil {
+		fmt.Fprintln(os.Stderr, "kvmbench: FAIL:", err)
+		os.Exit(1)
+	}
+}
+
+func parseFlags(args []string) (*config, error) {
+	fs := flag.NewFlagSet("kvmbench", flag.ContinueOnError)
+	c := &config{commandLine: "go run ./bench/cmd/kvmbench " + strings.Join(args, " ")}
+	flavours := fs.String("flavours", "1.6,2.x", "containerd flavours to start: 1.6 (Debian), 2.x (hack/setup-host.sh)")
+	sections := fs.String("sections", strings.Join(allSections, ","), "sections to run: "+strings.Join(allSections, ", "))
+	fs.IntVar(&c.runs, "runs", 10, "latency: measured runs of every start path")
+	fs.IntVar(&c.warmup, "warmup", 1, "latency: warm-up runs of every path, not counted")
+	memoryPods := fs.String("memory-pods", "1,10", "memory: pod counts")
+	densityPods := fs.String("density-pods", "1,10,20", "density: concurrent pod counts")
+	fs.IntVar(&c.vcpus, "vcpus", 1, "vCPUs of every guest")
+	fs.IntVar(&c.memoryMiB, "memory-mib", 128, "memory of every guest, MiB")
+	fs.IntVar(&c.microCount, "micro-count", 6, "micro: go test -count")
+	fs.StringVar(&c.microTime, "micro-benchtime", "1s", "micro: go test -benchtime")
+	fs.StringVar(&c.binDir, "bin", "_output/bin", "directory with the built shim and emulator wrapper (make build)")
+	fs.StringVar(&c.imagesDir, "images", "_output/images", "directory with the guest images (hack/guest/build.sh)")
+	fs.StringVar(&c.outDir, "out", "bench/results", "where results go; \"\" writes none")
+	fs.BoolVar(&c.keep, "keep", false, "keep the work dir under /run (daemon logs, shim state)")
+	fs.BoolVar(&c.debug, "debug", false, "containerd and the shims log at debug level (slower; for finding out why)")
+	fs.BoolVar(&c.quick, "quick", false, "a short run: -runs 3 -memory-pods 1,3 -density-pods 1,4 -micro-count 1 -micro-benchtime 200ms unless set")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if c.quick {
+		quick := map[string]string{"runs": "3", "memory-pods": "1,3", "density-pods": "1,4", "micro-count": "1", "micro-benchtime": "200ms"}
+		for name, v := range quick {
+			if !set[name] {
+				if err := fs.Set(name, v); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	c.flavours = splitList(*flavours)
+	c.sections = splitList(*sections)
+	for _, s := range c.sections {
+		if !slices.Contains(allSections, s) {
+			return nil, fmt.Errorf("-sections: unknown section %q", s)
+		}
+	}
+	var err error
+	if c.memoryPods, err = intList(*memoryPods); err != nil {
+		return nil, fmt.Errorf("-memory-pods: %w", err)
+	}
+	if c.densityPods, err = intList(*densityPods); err != nil {
+		return nil, fmt.Errorf("-density-pods: %w", err)
+	}
+	if c.runs < 1 || c.warmup < 0 || c.vcpus < 1 || c.memoryMiB < 64 || c.microCount < 1 {
+		return nil, errors.New("-runs, -vcpus and -micro-count must be at least 1, -warmup at least 0, -memory-mib at least 64")
+	}
+	if len(c.flavours) == 0 && c.needsDaemons() {
+		return nil, errors.New("-flavours: none given")
+	}
+	c.writeResults = c.outDir != ""
+	return c, nil
+}
+
+func (c *config) has(section string) bool { return slices.Contains(c.sections, section) }
+
+func (c *config) needsDaemons() bool {
+	return c.has("latency") || c.has("memory") || c.has("density")
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func intList(s string) ([]int, error) {
+	var out []int
+	for _, f := range splitList(s) {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%q is not a positive whole number", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func run(c *config) (retErr error) {
+	if os.Geteuid() != 0 && c.needsDaemons() {
+		return errors.New("must run as root (containerd, mounts, libvirt qemu:///system); -sections micro runs without")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	res := &results{Command: c.commandLine, Started: time.Now().UTC()}
+	facts, err := machineFacts(ctx, c)
+	if err != nil {
+		return err
+	}
+	res.Machine = facts
+	res.Settings = settingsOf(c)
+
+	if c.needsDaemons() {
+		unlock, err := lockHost()
+		if err != nil {
+			return err
+		}
+		defer unlock()
+		e, err := setup(ctx, c)
+		defer func() {
+			if err := e.close(c.keep); err != nil {
+				retErr = errors.Join(retErr, err)
+			}
+		}()
+		if err != nil {
+			return err
+		}
+		for _, d := range e.daemons {
+			v, err := d.Version(ctx)
+			if err != nil {
+				return err
+			}
+			res.Machine.Containerd = append(res.Machine.Containerd, d.name()+": "+v)
+		}
+		if c.has("latency") {
+			if res.Latency, err = runLatency(ctx, e); err != nil {
+				return fmt.Errorf("latency: %w", err)
+			}
+		}
+		if c.has("memory") {
+			if res.Memory, err = runMemory(ctx, e); err != nil {
+				return fmt.Errorf("memory: %w", err)
+			}
+		}
+		if c.has("density") {
+			if res.Density, err = runDensity(ctx, e); err != nil {
+				return fmt.Errorf("density: %w", err)
+			}
+		}
+	}
+	if c.has("micro") {
+		if res.Micro, err = runMicro(ctx, c); err != nil {
+			return fmt.Errorf("micro: %w", err)
+		}
+	}
+	res.Finished = time.Now().UTC()
+	res.build()
+	fmt.Print(res.table())
+	if c.writeResults {
+		paths, err := res.write(c.outDir)
+		if err != nil {
+			return err
+		}
+		logf("results: %s", strings.Join(paths, ", "))
+	}
+	return nil
+}

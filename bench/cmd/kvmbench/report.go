@@ -1,0 +1,403 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Targets from the issue.
+const (
+	targetStartRatio    = 1.10
+	targetDensityGrowth = 1.3
+)
+
+// results is everything one run measured; it is written as JSON as is.
+type results struct {
+	Command  string          `json:"command"`
+	Started  time.Time       `json:"started"`
+	Finished time.Time       `json:"finished"`
+	Machine  facts           `json:"machine"`
+	Settings settings        `json:"settings"`
+	Latency  *latencyResults `json:"latency,omitempty"`
+	Memory   []memoryResult  `json:"memory,omitempty"`
+	Density  []densityResult `json:"density,omitempty"`
+	Micro    *microResult    `json:"micro,omitempty"`
+	Derived  map[string]any  `json:"derived"`
+	Rows     []row           `json:"table"`
+	Notes    []string        `json:"notes"`
+}
+
+// settings are the knobs of the run.
+type settings struct {
+	Flavours    []string `json:"flavours"`
+	Sections    []string `json:"sections"`
+	Runs        int      `json:"latency_runs"`
+	Warmup      int      `json:"latency_warmup"`
+	MemoryPods  []int    `json:"memory_pods"`
+	DensityPods []int    `json:"density_pods"`
+	VCPUs       int      `json:"guest_vcpus"`
+	MemoryMiB   int      `json:"guest_memory_mib"`
+	Image       string   `json:"guest_image"`
+	ConfigDrive string   `json:"config_drive"`
+	ShimConfig  string   `json:"shim_config"`
+}
+
+func settingsOf(c *config) settings {
+	return settings{
+		Flavours: c.flavours, Sections: c.sections, Runs: c.runs, Warmup: c.warmup,
+		MemoryPods: c.memoryPods, DensityPods: c.densityPods, VCPUs: c.vcpus, MemoryMiB: c.memoryMiB,
+		Image:       "localhost/kvm-guest/kernel:latest (direct kernel boot, busybox initramfs)",
+		ConfigDrive: "enabled in both paths: the shim builds a vfat config drive per create (its default); the baseline attaches a copy of the same file",
+		ShimConfig:  shimConfig("<work>/bin", "<daemon dir>", c),
+	}
+}
+
+// row is one line of the table.
+type row struct {
+	Section string `json:"section"`
+	Measure string `json:"measure"`
+	Value   string `json:"value"`
+	Target  string `json:"target,omitempty"`
+	Status  string `json:"status,omitempty"` // "met", "NOT MET", "info", "not measured"
+}
+
+func (r *results) add(section, measure, value, target, status string) {
+	r.Rows = append(r.Rows, row{section, measure, value, target, status})
+}
+
+func met(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "NOT MET"
+}
+
+func msRange(s Summary) string {
+	if s.N == 0 {
+		return "no successful run"
+	}
+	return fmt.Sprintf("median %s, p90 %s ms (n=%d)", fmtMs(s.Median), fmtMs(s.P90), s.N)
+}
+
+func signedMs(v float64) string {
+	if v >= 0 {
+		return "+" + fmtMs(v)
+	}
+	return "-" + fmtMs(-v)
+}
+
+func fmtMs(v float64) string {
+	if v >= 100 {
+		return fmt.Sprintf("%.0f", v)
+	}
+	return fmt.Sprintf("%.1f", v)
+}
+
+// build derives the table and the notes from the measurements.
+func (r *results) build() {
+	r.Derived = map[string]any{}
+	r.Notes = append(r.Notes,
+		"Acceleration: TCG (software emulation) for every guest. "+r.Machine.AccelWhy+". No KVM figure is estimated.",
+		fmt.Sprintf("Guests: %d vCPU, %d MiB, %s; kernel command line %s.", r.Settings.VCPUs, r.Settings.MemoryMiB, r.Settings.Image, r.Machine.GuestCmdline))
+	if r.Machine.OtherQEMU > 0 {
+		r.Notes = append(r.Notes, fmt.Sprintf("%d QEMU process(es) of other users were running when the run started (load %s): figures may be disturbed.", r.Machine.OtherQEMU, r.Machine.LoadAtStart))
+	}
+	r.buildLatency()
+	r.buildMemory()
+	r.buildDensity()
+	r.buildMicro()
+	r.add("-", "KVM start latency and boot time", "cannot run here: "+r.Machine.AccelWhy, "", "not measured")
+	r.add("-", "vhost-net, network throughput (bench-net)", "not built: vhost-net needs KVM (TCG domains get none); the guest image has no iperf3 server", "", "not measured")
+}
+
+func (r *results) buildLatency() {
+	lat := r.Latency
+	if lat == nil {
+		return
+	}
+	var raw *pathResult
+	for _, p := range lat.Paths {
+		if p.Key == "raw" {
+			raw = p
+		}
+	}
+	rawS := summarize(raw.StartMs)
+	r.Notes = append(r.Notes,
+		"Start latency: the baseline defines and creates, with go-libvirt on one open connection, the inactive domain XML the shim itself defined for a `ctr run` VM (renamed, new uuid, fresh console paths, <metadata> removed, kernel/initrd/config drive copied). "+
+			"`ctr run -d` is timed from exec until containerd's task API reports RUNNING (ctr exits after task start); CRI from RunPodSandbox until ContainerStatus RUNNING (includes CNI and the pod's TAP). "+
+			"Paths run interleaved, one of each per iteration, after warm-up runs; every VM is destroyed and checked gone before the next.",
+		"Time to userspace: from the same start, polling (10 ms) the console log virtlogd writes for the VM: the guest's first non-blank line (the kernel's first message on ttyS0) and KVM-GUEST-READY (its /init is running).")
+	for _, p := range lat.Paths {
+		s := summarize(p.StartMs)
+		sec := "1 start (TCG)"
+		if p == raw {
+			r.add(sec, p.Label, msRange(s), "", "baseline")
+		} else {
+			ratio := s.Median / rawS.Median
+			r.Derived["start_ratio_"+p.Key] = ratio
+			r.Derived["start_overhead_ms_"+p.Key] = s.Median - rawS.Median
+			r.add(sec, p.Label, fmt.Sprintf("%s; %.2fx baseline, %s ms", msRange(s), ratio, signedMs(s.Median-rawS.Median)),
+				fmt.Sprintf("ratio <= %.2f", targetStartRatio), met(ratio <= targetStartRatio && len(p.Failures) == 0))
+		}
+		if len(p.Failures) > 0 {
+			r.add(sec, p.Label+": failed runs", fmt.Sprintf("%d: %s", len(p.Failures), p.Failures[0]), "0", "NOT MET")
+		}
+	}
+	for _, p := range lat.Paths {
+		first, ready := summarize(p.FirstLineMs), summarize(p.ReadyMs)
+		r.add("2 boot (TCG)", p.Label, fmt.Sprintf("first console line %s; userspace ready %s",
+			strings.TrimSuffix(msRange(first), fmt.Sprintf(" (n=%d)", first.N)), msRange(ready)), "", "info")
+	}
+	for _, p := range lat.Paths {
+		var parts []string
+		keys := make([]string, 0, len(p.PhasesMs))
+		for k := range p.PhasesMs {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			parts = append(parts, fmt.Sprintf("%s %s", k, fmtMs(summarize(p.PhasesMs[k]).Median)))
+		}
+		r.Notes = append(r.Notes, fmt.Sprintf("Phases of %s (median ms): %s.", p.Label, strings.Join(parts, ", ")))
+	}
+}
+
+func (r *results) buildMemory() {
+	if len(r.Memory) == 0 {
+		return
+	}
+	r.Notes = append(r.Notes, "Shim memory: PSS and RSS from /proc/<pid>/smaps_rollup of every containerd-shim-* process started with this containerd's -address, summed and divided by the pods, after every guest printed KVM-GUEST-READY and 3 s idle. One shim process per pod on both sides (ours serves the sandbox and the VM container; runc's serves the pause sandbox). PSS shares the shim binary's pages among its processes, so it falls with more pods. Anchors from other projects (not measured here): Kata's Go shim about 18 MB PSS per pod; Kuasar's sandboxer about 15 MB for 50 pods.")
+	find := func(flavour, rt string, n int) *memoryResult {
+		for i := range r.Memory {
+			m := &r.Memory[i]
+			if m.Flavour == flavour && m.Runtime == rt && m.Pods == n {
+				return m
+			}
+		}
+		return nil
+	}
+	for _, m := range r.Memory {
+		if m.Runtime != "kvm" {
+			continue
+		}
+		sec := "3 shim memory"
+		runc := find(m.Flavour, "runc", m.Pods)
+		value := fmt.Sprintf("kvm shim PSS %.1f MiB (anon %.1f, file %.1f), RSS %.1f MiB per pod",
+			m.PSSPerPodMiB, m.PSSAnonPerPodMiB, m.PSSFilePerPodMiB, m.RSSPerPodMiB)
+		status := "info"
+		if runc != nil {
+			value += fmt.Sprintf("; runc shim PSS %.1f MiB (anon %.1f, file %.1f), RSS %.1f MiB per pod",
+				runc.PSSPerPodMiB, runc.PSSAnonPerPodMiB, runc.PSSFilePerPodMiB, runc.RSSPerPodMiB)
+			status = met(m.PSSPerPodMiB <= runc.PSSPerPodMiB)
+			r.Derived[fmt.Sprintf("pss_ratio_kvm_to_runc_%s_%d", m.Flavour, m.Pods)] = m.PSSPerPodMiB / runc.PSSPerPodMiB
+		}
+		r.add(sec, fmt.Sprintf("containerd %s, %d pod(s)", m.Flavour, m.Pods), value, "kvm PSS <= runc PSS", status)
+	}
+}
+
+func (r *results) buildDensity() {
+	if len(r.Density) == 0 {
+		return
+	}
+	r.Notes = append(r.Notes, "Density: N pods started at once, one goroutine each, through CRI; per pod from its RunPodSandbox until ContainerStatus RUNNING (CreateContainer and StartContainer in between), polled every 20 ms. Under TCG the guests that are already booting compete for the 2 cores with the pods still starting. Growth = median per-pod time at the largest N / at 1 pod. After each round every pod is removed and the round checks that no domain, shim process, mount or pod IP is left.")
+	byFlavour := map[string][]densityResult{}
+	var flavours []string
+	for _, d := range r.Density {
+		if _, ok := byFlavour[d.Flavour]; !ok {
+			flavours = append(flavours, d.Flavour)
+		}
+		byFlavour[d.Flavour] = append(byFlavour[d.Flavour], d)
+	}
+	for _, f := range flavours {
+		rounds := byFlavour[f]
+		for _, d := range rounds {
+			fails := len(d.Failures) + len(d.Leftovers)
+			r.add("4 density (TCG)", fmt.Sprintf("containerd %s, %d pod(s) at once", f, d.Pods),
+				fmt.Sprintf("per pod %s, max %s ms; all RUNNING after %s ms; %d failure(s)%s",
+					strings.TrimSuffix(msRange(d.Summary), fmt.Sprintf(" (n=%d)", d.Summary.N)), fmtMs(d.Summary.Max), fmtMs(d.WallMs), fails, leftoverNote(d)),
+				"0 failures", met(fails == 0))
+		}
+		one, most := rounds[0], rounds[len(rounds)-1]
+		if one.Pods == 1 && most.Pods > 1 && one.Summary.N > 0 && most.Summary.N > 0 {
+			g := most.Summary.Median / one.Summary.Median
+			r.Derived[fmt.Sprintf("density_growth_%s_1_to_%d", f, most.Pods)] = g
+			r.add("4 density (TCG)", fmt.Sprintf("containerd %s, growth 1 -> %d pods", f, most.Pods),
+				fmt.Sprintf("%.2fx per-pod time (median %s -> %s ms)", g, fmtMs(one.Summary.Median), fmtMs(most.Summary.Median)),
+				fmt.Sprintf("<= %.1fx", targetDensityGrowth), met(g <= targetDensityGrowth && len(most.Failures) == 0))
+			// The amortised view: wall time of the round per pod, the
+			// control plane's cost per pod when pods come in a batch.
+			a1, aN := one.WallMs, most.WallMs/float64(most.Pods)
+			r.Derived[fmt.Sprintf("density_amortised_growth_%s_1_to_%d", f, most.Pods)] = aN / a1
+			r.add("4 density (TCG)", fmt.Sprintf("containerd %s, wall time / pods, 1 -> %d", f, most.Pods),
+				fmt.Sprintf("%.2fx (%s -> %s ms per pod)", aN/a1, fmtMs(a1), fmtMs(aN)), "", "info")
+		}
+	}
+}
+
+func leftoverNote(d densityResult) string {
+	if len(d.Leftovers) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (%d left behind)", len(d.Leftovers))
+}
+
+func (r *results) buildMicro() {
+	m := r.Micro
+	if m == nil {
+		return
+	}
+	r.Notes = append(r.Notes, "Micro: `"+m.Command+"`; medians over the -count runs; the raw output (benchstat input) is in the JSON and the -micro.txt file. vm.Render is benchmarked from bench/micro because vm/ has no benchmark of its own.")
+	for _, b := range m.Benchmarks {
+		pkg := b.Package[strings.LastIndex(b.Package, "/")+1:]
+		value := fmtNs(b.Median["ns/op"]) + "/op"
+		if v, ok := b.Median["B/op"]; ok {
+			value += fmt.Sprintf(", %.0f B/op, %.0f allocs/op", v, b.Median["allocs/op"])
+		}
+		r.add("5 micro", pkg+"."+b.Name, value, "", "info")
+	}
+}
+
+// fmtNs prints nanoseconds with a readable unit: 812 ns, 43.7 µs, 5.61 ms.
+func fmtNs(v float64) string {
+	switch {
+	case v >= 1e6:
+		return fmt.Sprintf("%.2f ms", v/1e6)
+	case v >= 1e3:
+		return fmt.Sprintf("%.1f µs", v/1e3)
+	}
+	return fmt.Sprintf("%.0f ns", v)
+}
+
+// header is what precedes the table: where and how it was measured.
+func (r *results) header() []string {
+	m := r.Machine
+	h := []string{
+		fmt.Sprintf("machine: %s, %d cores, %d MiB (NUMA node0 %d MiB of %d node(s)), kernel %s", m.CPU, m.Cores, m.MemoryMiB, m.Node0MiB, m.NUMANodes, m.Kernel),
+		"accel: TCG for every guest (" + m.AccelWhy + ")",
+	}
+	if len(m.Containerd) > 0 {
+		h = append(h, fmt.Sprintf("containerd %s; libvirt %s; %s; runc shim: %s", strings.Join(m.Containerd, ", "), m.Libvirt, m.QEMU, m.RuncShim))
+	}
+	return append(h, fmt.Sprintf("shim %s; guests %d vCPU %d MiB; %s", m.Shim, r.Settings.VCPUs, r.Settings.MemoryMiB, r.Command))
+}
+
+var columns = []string{"section", "measure", "value", "target", "status"}
+
+func (r *results) cells() [][]string {
+	out := [][]string{}
+	for _, x := range r.Rows {
+		out = append(out, []string{x.Section, x.Measure, x.Value, x.Target, x.Status})
+	}
+	return out
+}
+
+// table is the plain-text table for stdout.
+func (r *results) table() string {
+	var b strings.Builder
+	for _, h := range r.header() {
+		b.WriteString(h + "\n")
+	}
+	cells := r.cells()
+	width := make([]int, len(columns))
+	for i, c := range columns {
+		width[i] = len(c)
+	}
+	for _, row := range cells {
+		for i, c := range row {
+			width[i] = max(width[i], len(c))
+		}
+	}
+	line := func(row []string) {
+		for i, c := range row {
+			if i == len(row)-1 {
+				b.WriteString(c)
+			} else {
+				b.WriteString(c + strings.Repeat(" ", width[i]-len(c)+2))
+			}
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("\n")
+	line(columns)
+	seps := make([]string, len(columns))
+	for i := range seps {
+		seps[i] = strings.Repeat("-", width[i])
+	}
+	line(seps)
+	for _, row := range cells {
+		line(row)
+	}
+	return b.String()
+}
+
+// markdown is the results file for people: facts, the table, the notes.
+func (r *results) markdown() string {
+	var b strings.Builder
+	b.WriteString("# kvmbench results\n\n")
+	fmt.Fprintf(&b, "Measured %s to %s. Reproduce with `%s` (as root, after `hack/setup-host.sh`, `hack/guest/build.sh`, `make build`).\n\n",
+		r.Started.Format(time.RFC3339), r.Finished.Format(time.RFC3339), r.Command)
+	b.WriteString("**Every guest ran under TCG (software emulation), not KVM.** " + r.Machine.AccelWhy + ".\n\n")
+	m := r.Machine
+	b.WriteString("| machine | |\n|---|---|\n")
+	for _, kv := range [][2]string{
+		{"CPU", m.CPU}, {"cores", fmt.Sprint(m.Cores)}, {"memory", fmt.Sprintf("%d MiB", m.MemoryMiB)},
+		{"NUMA", fmt.Sprintf("%d node(s), node0 %d MiB", m.NUMANodes, m.Node0MiB)},
+		{"kernel", m.Kernel}, {"accel", "TCG"}, {"containerd", strings.Join(m.Containerd, ", ")},
+		{"libvirt", m.Libvirt}, {"QEMU", m.QEMU}, {"runc", m.Runc}, {"runc shim", m.RuncShim},
+		{"kvm shim", m.Shim}, {"revision", m.Revision}, {"Go", m.Go},
+		{"load at start", fmt.Sprintf("%s (other QEMU processes: %d)", m.LoadAtStart, m.OtherQEMU)},
+	} {
+		fmt.Fprintf(&b, "| %s | %s |\n", kv[0], mdEscape(kv[1]))
+	}
+	b.WriteString("\n| " + strings.Join(columns, " | ") + " |\n|" + strings.Repeat("---|", len(columns)) + "\n")
+	for _, row := range r.cells() {
+		for i := range row {
+			row[i] = mdEscape(row[i])
+		}
+		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
+	}
+	b.WriteString("\n## How each number is measured\n\n")
+	for _, n := range r.Notes {
+		b.WriteString("- " + n + "\n")
+	}
+	fmt.Fprintf(&b, "\nShim config used (testenv adds `libvirt_uri` and `state_dir`):\n\n```toml\n%s```\n", r.Settings.ShimConfig)
+	return b.String()
+}
+
+func mdEscape(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
+
+// write stores <UTC timestamp>-<flavours>.json and .md (and -micro.txt)
+// in dir, and copies the Markdown to latest.md.
+func (r *results) write(dir string) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	tag := "micro"
+	if r.Latency != nil || r.Memory != nil || r.Density != nil {
+		tag = strings.Join(r.Settings.Flavours, "-")
+	}
+	base := filepath.Join(dir, r.Started.Format("20060102T150405Z")+"-"+tag)
+	js, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	md := r.markdown()
+	files := map[string][]byte{base + ".json": append(js, '\n'), base + ".md": []byte(md), filepath.Join(dir, "latest.md"): []byte(md)}
+	if r.Micro != nil {
+		files[base+"-micro.txt"] = []byte(r.Micro.Output)
+	}
+	var paths []string
+	for p, b := range files {
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			return nil, err
+		}
+		paths = append(paths, p)
+	}
+	slices.Sort(paths)
+	return paths, nil
+}
