@@ -41,6 +41,10 @@ type Store struct {
 	self holder
 	// alive reports whether a holder process still runs; tests replace it.
 	alive func(holder) bool
+	// volatile: the state file lives on a tmpfs (or ramfs), where fsync
+	// does nothing but cost system calls; rename alone keeps every reader
+	// seeing the old or the new file.
+	volatile bool
 }
 
 // holder is the process that reserved a placement whose domain libvirt
@@ -121,7 +125,17 @@ func OpenStore(path string, t *Topology, p Policy) (*Store, error) {
 		policy:   p.WithDefaults(),
 		self:     self,
 		alive:    holderAlive,
+		volatile: inMemoryFS(filepath.Dir(path)),
 	}, nil
+}
+
+// inMemoryFS reports whether dir is on a tmpfs or ramfs.
+func inMemoryFS(dir string) bool {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return false
+	}
+	return st.Type == unix.TMPFS_MAGIC || st.Type == unix.RAMFS_MAGIC
 }
 
 // Reserve places the VM and records the placement, all under the lock so
@@ -497,7 +511,7 @@ func (s *Store) writeLocked(st *rawState) error {
 	if err == nil {
 		err = writeAll(f, b)
 	}
-	if err == nil {
+	if err == nil && !s.volatile {
 		err = unix.Fsync(f)
 	}
 	if cerr := unix.Close(f); err == nil {
@@ -511,6 +525,9 @@ func (s *Store) writeLocked(st *rawState) error {
 	}
 	if err := unix.Rename(s.tmpPath, s.path); err != nil {
 		return fmt.Errorf("write NUMA state: %w", &os.LinkError{Op: "rename", Old: s.tmpPath, New: s.path, Err: err})
+	}
+	if s.volatile {
+		return nil
 	}
 	dir, err := openFile(filepath.Dir(s.path), unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
