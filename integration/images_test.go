@@ -34,10 +34,12 @@ var knownImages = map[string]imageSpec{
 	"twodisks": {file: "twodisks.tar"},
 	"escape":   {file: "escape.tar"},
 	"corrupt":  {file: "corrupt.tar"},
+	// Built by hack/cloudimage/build.sh (make images): Debian with cloud-init.
+	"cloud": {file: "cloud.tar", ref: "localhost/kvm-guest/cloud:latest", optional: true},
 }
 
 // imageNames orders knownImages for deterministic imports.
-var imageNames = []string{"pause", "kernel", "bios", "foreign", "nodisk", "twodisks", "escape", "corrupt"}
+var imageNames = []string{"pause", "kernel", "bios", "foreign", "nodisk", "twodisks", "escape", "corrupt", "cloud"}
 
 const sandboxImage = "localhost/kvm-guest/pause:latest"
 

@@ -105,9 +105,21 @@ type layout struct{ root string }
 func (l layout) vmDir(domain string) string { return filepath.Join(l.root, "vms", domain) }
 
 // ensure creates the state dir's top levels searchable by the QEMU user
-// (o+x), whichever task comes first; the pods' own dirs stay private.
+// (o+x, not listable), whichever task comes first.
 func (l layout) ensure() error {
-	for _, d := range []string{l.root, filepath.Join(l.root, "vms"), filepath.Join(l.root, "pods")} {
+	return searchableDirs(l.root, filepath.Join(l.root, "vms"), filepath.Join(l.root, "pods"))
+}
+
+// ensurePodVMDir creates the dir of a pod's VM data, on the QEMU user's
+// path to the disk overlay.
+func (l layout) ensurePodVMDir(podUID, containerName string) error {
+	return searchableDirs(l.podDir(podUID), l.podVMDir(podUID, containerName))
+}
+
+// searchableDirs creates each dir (in order) with mode 0711, also when it
+// was made earlier with another mode.
+func searchableDirs(dirs ...string) error {
+	for _, d := range dirs {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return fmt.Errorf("create state dir: %w", err)
 		}

@@ -123,11 +123,14 @@ func TestWriteRuntimeInfo(t *testing.T) {
 }
 
 // A sandbox that comes first on a fresh node must not make the state dir
-// unreachable for the QEMU user.
+// or the pod's VM data dir unreachable for the QEMU user.
 func TestSandboxFirstKeepsStateDirSearchable(t *testing.T) {
 	l := layout{root: filepath.Join(t.TempDir(), "state")}
 	newSandbox(t, l, "sb1", "pod-1")
-	for _, d := range []string{l.root, filepath.Join(l.root, "vms"), filepath.Join(l.root, "pods")} {
+	if err := l.ensurePodVMDir("pod-1", "vm"); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{l.root, filepath.Join(l.root, "vms"), filepath.Join(l.root, "pods"), l.podDir("pod-1"), l.podVMDir("pod-1", "vm")} {
 		st, err := os.Stat(d)
 		if err != nil || st.Mode().Perm()&0o001 == 0 {
 			t.Errorf("%s: mode %v, %v", d, st.Mode(), err)

@@ -110,6 +110,9 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		Domain: name, VMDir: vmDir, PodUID: ident.PodUID,
 	}
 	if ident.inPod() {
+		if err := h.layout.ensurePodVMDir(ident.PodUID, ident.ContainerName); err != nil {
+			return nil, err
+		}
 		rec.Overlay = filepath.Join(h.layout.podVMDir(ident.PodUID, ident.ContainerName), "overlay.qcow2")
 		rec.KeepOverlay = true
 	} else {
@@ -267,9 +270,6 @@ func prepareDisk(ctx context.Context, h *host, rootfs, image, vmDir, overlay str
 	info, err := vm.ProbeImage(ctx, h.cfg.QEMUImg, base, image)
 	if err != nil {
 		return nil, err
-	}
-	if err := os.MkdirAll(filepath.Dir(overlay), 0o711); err != nil {
-		return nil, fmt.Errorf("create overlay dir: %w", err)
 	}
 	created, err := vm.EnsureOverlay(ctx, h.cfg.QEMUImg, base, info.Format, overlay)
 	if err != nil {

@@ -1,0 +1,158 @@
+//go:build integration
+
+package integration
+
+import (
+	"bufio"
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// cloudBootTimeout bounds a Debian cloud-init boot under TCG (about 80 s on
+// a quiet host, see hack/cloudimage/README.md).
+const cloudBootTimeout = 10 * time.Minute
+
+// TestCRICloudInit boots an unchanged Debian cloud image (its own
+// bootloader, cloud-init with the ConfigDrive datasource) as a pod and
+// checks from the host that cloud-init applied the hostname, the SSH key,
+// the pod network and ran the user-data script. It runs on one flavour:
+// the config drive does not depend on containerd's version, and the boot
+// takes minutes under TCG.
+func TestCRICloudInit(t *testing.T) {
+	s := requireKVM(t, "pause")
+	if _, ok := s.images["cloud"]; !ok {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("cloud image missing in %s: build it with hack/cloudimage/build.sh (make images)", s.imagesDir)
+		}
+		t.Skip("cloud image not built (hack/cloudimage/build.sh)")
+	}
+	c := s.flavours[0]
+	t.Run(c.name, func(t *testing.T) {
+		c.watch(t)
+		c.cleanupAfter(t)
+		cl := c.cri(t)
+		userData, err := os.ReadFile(filepath.Join(s.repo, "hack/cloudimage/user-data.sh"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := testSSHKey(t)
+		p := c.runPod(t, cl, "cloud-vm", "kvm", map[string]string{
+			"kvm.containerd.io/user-data":           string(userData),
+			"kvm.containerd.io/ssh-authorized-keys": key,
+		})
+		pn := cl.podNetwork(t, p)
+		cfg := containerConfig("vm", s.images["cloud"].ref, nil)
+		cfg.Linux.Resources.MemoryLimitInBytes = 1 << 30
+		cid, err := cl.createContainer(p, cfg)
+		if err != nil {
+			t.Fatalf("CreateContainer: %v", err)
+		}
+		ctx, cancel := criCtx()
+		defer cancel()
+		if _, err := cl.rt.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: cid}); err != nil {
+			t.Fatalf("StartContainer: %v", err)
+		}
+		v := &podContainer{pod: p, cid: cid, logPath: filepath.Join(p.logDir, cfg.LogPath)}
+		t.Cleanup(func() {
+			if t.Failed() {
+				b, err := os.ReadFile(v.logPath)
+				t.Logf("CRI log %s (tail, %v):\n%s", v.logPath, err, tail(string(b), 60))
+			}
+		})
+		start := time.Now()
+		if err := waitLog(v.logPath, "KVM-CLOUD-DONE", cloudBootTimeout); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("cloud-init done %v after StartContainer", time.Since(start).Round(time.Second))
+
+		got := cloudConsole(t, v.logPath)
+		want := map[string]string{
+			"KVM-CLOUD-USERDATA-RAN": "",
+			"KVM-CLOUD-HOSTNAME":     "cloud-vm",
+			"KVM-CLOUD-GW4":          c.gateway(),
+			"KVM-CLOUD-SSHKEY":       key,
+		}
+		for k, w := range want {
+			vals, ok := got[k]
+			if !ok {
+				t.Errorf("console has no %s line", k)
+				continue
+			}
+			if w != "" && !contains(vals, w) {
+				t.Errorf("%s = %q, want %q", k, vals, w)
+			}
+		}
+		if addrs := got["KVM-CLOUD-ADDR"]; !containsPrefix(addrs, pn.ip+"/") {
+			t.Errorf("guest addresses %q lack the pod IP %s", addrs, pn.ip)
+		}
+
+		// The host reaches the guest's sshd on the pod IP.
+		conn, err := net.DialTimeout("tcp", net.JoinHostPort(pn.ip, "22"), 10*time.Second)
+		if err != nil {
+			t.Fatalf("connect to the guest's sshd on the pod IP: %v", err)
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		banner, err := bufio.NewReader(conn).ReadString('\n')
+		conn.Close()
+		if err != nil || !strings.HasPrefix(banner, "SSH-2.0-") {
+			t.Errorf("sshd banner %q, %v", banner, err)
+		}
+
+		// systemd powers the guest off on the ACPI button.
+		stopCtx, stopCancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer stopCancel()
+		if _, err := cl.rt.StopContainer(stopCtx, &cri.StopContainerRequest{ContainerId: cid, Timeout: 120}); err != nil {
+			t.Fatalf("StopContainer: %v", err)
+		}
+		if st := cl.containerStatus(t, cid); st.ExitCode != 0 {
+			t.Errorf("exit code %d after an ACPI power-off, want 0", st.ExitCode)
+		}
+		cl.removePod(t, v)
+		assertNothingLeft(t, c, v.shimIDs()...)
+	})
+}
+
+// cloudConsole collects the KVM-CLOUD-* lines of the CRI log: key → values.
+func cloudConsole(t *testing.T, path string) map[string][]string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimRight(line, "\r")
+		i := strings.Index(line, "KVM-CLOUD-")
+		if i < 0 {
+			continue
+		}
+		k, v, _ := strings.Cut(line[i:], " ")
+		out[k] = append(out[k], strings.TrimSpace(strings.TrimRight(v, "\r")))
+	}
+	return out
+}
+
+func contains(vals []string, want string) bool {
+	for _, v := range vals {
+		if v == want {
+			return true
+		}
+	}
+	return false
+}
+
+func containsPrefix(vals []string, prefix string) bool {
+	for _, v := range vals {
+		if strings.HasPrefix(v, prefix) {
+			return true
+		}
+	}
+	return false
+}
