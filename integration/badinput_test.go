@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -19,6 +21,8 @@ type badInput struct {
 	image       string // short name in knownImages
 	annotations map[string]string
 	want        []string // substrings of the error
+	// criCode, when set, is the gRPC code CRI must return.
+	criCode codes.Code
 }
 
 var badInputs = []badInput{
@@ -27,7 +31,14 @@ var badInputs = []badInput{
 	{name: "escape", image: "escape", want: []string{"outside the container rootfs"}},
 	{name: "corrupt", image: "corrupt", want: []string{"guest.qcow2"}},
 	{name: "memory", image: "kernel", annotations: map[string]string{"kvm.containerd.io/memory": "lots"},
-		want: []string{"kvm.containerd.io/memory"}},
+		want: []string{"kvm.containerd.io/memory"}, criCode: codes.InvalidArgument},
+	{name: "userdata-too-big", image: "kernel",
+		annotations: map[string]string{annUserData: strings.Repeat("x", 64<<10+1)},
+		want:        []string{annUserData, "invalid argument"}, criCode: codes.InvalidArgument},
+	{name: "ssh-key", image: "kernel", annotations: map[string]string{annSSHKeys: "ssh-ed25519 not-base64!! it@kvm-shim"},
+		want: []string{annSSHKeys, "invalid argument"}, criCode: codes.InvalidArgument},
+	{name: "numa-mode", image: "kernel", annotations: map[string]string{"kvm.containerd.io/numa-mode": "fast"},
+		want: []string{"kvm.containerd.io/numa-mode", "invalid argument"}, criCode: codes.InvalidArgument},
 }
 
 // missingWords returns the wanted substrings msg lacks.
@@ -227,6 +238,9 @@ func TestCRIBadInput(t *testing.T) {
 				}
 				if m := missingWords(err.Error(), tc.want); len(m) > 0 {
 					t.Errorf("%s error lacks %q: %v%s", call, m, err, noCommandHint(err))
+				}
+				if tc.criCode != codes.OK && status.Code(err) != tc.criCode {
+					t.Errorf("%s error has code %s, want %s: %v", call, status.Code(err), tc.criCode, err)
 				}
 				t.Logf("%s failed as wanted: %v", call, err)
 				if cid != "" {

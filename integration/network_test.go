@@ -411,9 +411,17 @@ func TestCRINetwork(t *testing.T) {
 			checkOffloads(t, v.net.netns, v.tap, v.logPath)
 			checkWiring(t, v.net.netns, "eth0", v.tap)
 		}
+		// The namespace check must see the wiring, or it proves nothing.
+		left := strings.Join(netnsLeftovers(a.net.netns), "\n")
+		for _, want := range []string{"TAP " + a.tap, "ingress qdisc on eth0", "ingress qdisc on " + a.tap,
+			"ingress filters on eth0", "ingress filters on " + a.tap} {
+			if !strings.Contains(left, want) {
+				t.Errorf("netns leftovers while the VM runs lack %q; got:\n%s", want, left)
+			}
+		}
 
 		// The leftover check must see a networked VM, or it proves nothing.
-		left := strings.Join(c.leftovers(nil), "\n")
+		left = strings.Join(c.leftovers(nil), "\n")
 		for _, want := range []string{
 			"VM process ", "network descriptor socket " + netfdSocketDir + "/" + a.domain + ".sock",
 			"NUMA reservation of " + a.domain + "/",
