@@ -228,6 +228,7 @@ for applet in $(/bin/busybox --list-full); do
 done
 install -m 0755 hack/guest/init "$STAGE/init"
 install -m 0755 hack/guest/kvm-guest-probe "$STAGE/bin/kvm-guest-probe"
+install -m 0755 hack/guest/kvm-guest-discard "$STAGE/bin/kvm-guest-discard"
 for m in "${MODULES[@]}"; do
 	cp "${MODFILE[$m]}" "$STAGE/lib/modules/$KVER/$m.ko"
 done
