@@ -324,24 +324,8 @@ func captureTemplate(ctx context.Context, l *libvirt.Libvirt, d *daemon, rawDir 
 	}
 	vmDir := m[1]
 	filesDir := filepath.Join(rawDir, "files")
-	if err := os.MkdirAll(filesDir, 0o711); err != nil {
+	if err := copyVMFiles(vmDir, filesDir); err != nil {
 		return nil, err
-	}
-	entries, err := os.ReadDir(vmDir)
-	if err != nil {
-		return nil, err
-	}
-	for _, ent := range entries {
-		if !ent.Type().IsRegular() || strings.HasPrefix(ent.Name(), "console.") {
-			continue
-		}
-		fi, err := ent.Info()
-		if err != nil {
-			return nil, err
-		}
-		if err := copyFile(filepath.Join(vmDir, ent.Name()), filepath.Join(filesDir, ent.Name()), fi.Mode().Perm()); err != nil {
-			return nil, err
-		}
 	}
 	tmpl, err := baselineXML(xml, vmDir, filesDir, d.ShimStateDir)
 	if err != nil {

@@ -43,12 +43,20 @@ type config struct {
 	outDir       string
 	keep         bool
 	debug        bool
+	waitQuiet    time.Duration
+	netRuns      int
+	netSeconds   int
 	quick        bool
 	commandLine  string
 	writeResults bool
 }
 
-var allSections = []string{"latency", "memory", "density", "micro"}
+// allSections are the sections there are; defaultSections run without
+// -sections. "net" (bench-net) runs only when asked for.
+var (
+	allSections     = []string{"latency", "memory", "density", "micro", "net"}
+	defaultSections = []string{"latency", "memory", "density", "micro"}
+)
 
 func main() {
 	c, err := parseFlags(os.Args[1:])
@@ -66,19 +74,22 @@ func parseFlags(args []string) (*config, error) {
 	fs := flag.NewFlagSet("kvmbench", flag.ContinueOnError)
 	c := &config{commandLine: "go run ./bench/cmd/kvmbench " + strings.Join(args, " ")}
 	flavours := fs.String("flavours", "1.6,2.x", "containerd flavours to start: 1.6 (Debian), 2.x (hack/setup-host.sh)")
-	sections := fs.String("sections", strings.Join(allSections, ","), "sections to run: "+strings.Join(allSections, ", "))
+	sections := fs.String("sections", strings.Join(defaultSections, ","), "sections to run, of: "+strings.Join(allSections, ", "))
 	fs.IntVar(&c.runs, "runs", 10, "latency: measured runs of every start path")
 	fs.IntVar(&c.warmup, "warmup", 1, "latency: warm-up runs of every path, not counted")
 	memoryPods := fs.String("memory-pods", "1,10", "memory: pod counts")
 	densityPods := fs.String("density-pods", "1,10,20", "density: concurrent pod counts")
 	fs.IntVar(&c.vcpus, "vcpus", 1, "vCPUs of every guest")
 	fs.IntVar(&c.memoryMiB, "memory-mib", 128, "memory of every guest, MiB")
+	fs.IntVar(&c.netRuns, "net-runs", 5, "net: runs of every variant")
+	fs.IntVar(&c.netSeconds, "net-seconds", 5, "net: iperf3 seconds per direction (the first is omitted)")
 	fs.IntVar(&c.microCount, "micro-count", 6, "micro: go test -count")
 	fs.StringVar(&c.microTime, "micro-benchtime", "1s", "micro: go test -benchtime")
 	fs.StringVar(&c.binDir, "bin", "_output/bin", "directory with the built shim and emulator wrapper (make build)")
 	fs.StringVar(&c.imagesDir, "images", "_output/images", "directory with the guest images (hack/guest/build.sh)")
 	fs.StringVar(&c.outDir, "out", "bench/results", "where results go; \"\" writes none")
 	fs.BoolVar(&c.keep, "keep", false, "keep the work dir under /run (daemon logs, shim state)")
+	fs.DurationVar(&c.waitQuiet, "wait-quiet", 0, "first wait up to this long until no other QEMU runs and the load is below 1 for 30 s (0: do not wait)")
 	fs.BoolVar(&c.debug, "debug", false, "containerd and the shims log at debug level (slower; for finding out why)")
 	fs.BoolVar(&c.quick, "quick", false, "a short run: -runs 3 -memory-pods 1,3 -density-pods 1,4 -micro-count 1 -micro-benchtime 200ms unless set")
 	if err := fs.Parse(args); err != nil {
@@ -90,7 +101,7 @@ func parseFlags(args []string) (*config, error) {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if c.quick {
-		quick := map[string]string{"runs": "3", "memory-pods": "1,3", "density-pods": "1,4", "micro-count": "1", "micro-benchtime": "200ms"}
+		quick := map[string]string{"runs": "3", "memory-pods": "1,3", "density-pods": "1,4", "micro-count": "1", "micro-benchtime": "200ms", "net-runs": "2", "net-seconds": "3"}
 		for name, v := range quick {
 			if !set[name] {
 				if err := fs.Set(name, v); err != nil {
@@ -113,6 +124,9 @@ func parseFlags(args []string) (*config, error) {
 	if c.densityPods, err = intList(*densityPods); err != nil {
 		return nil, fmt.Errorf("-density-pods: %w", err)
 	}
+	if c.netRuns < 1 || c.netSeconds < 2 {
+		return nil, errors.New("-net-runs must be at least 1 and -net-seconds at least 2")
+	}
 	if c.runs < 1 || c.warmup < 0 || c.vcpus < 1 || c.memoryMiB < 64 || c.microCount < 1 {
 		return nil, errors.New("-runs, -vcpus and -micro-count must be at least 1, -warmup at least 0, -memory-mib at least 64")
 	}
@@ -126,7 +140,7 @@ func parseFlags(args []string) (*config, error) {
 func (c *config) has(section string) bool { return slices.Contains(c.sections, section) }
 
 func (c *config) needsDaemons() bool {
-	return c.has("latency") || c.has("memory") || c.has("density")
+	return c.has("latency") || c.has("memory") || c.has("density") || c.has("net")
 }
 
 func splitList(s string) []string {
@@ -167,41 +181,8 @@ func run(c *config) (retErr error) {
 	res.Settings = settingsOf(c)
 
 	if c.needsDaemons() {
-		unlock, err := lockHost()
-		if err != nil {
+		if err := measureOnHost(ctx, c, res); err != nil {
 			return err
-		}
-		defer unlock()
-		e, err := setup(ctx, c)
-		defer func() {
-			if err := e.close(c.keep); err != nil {
-				retErr = errors.Join(retErr, err)
-			}
-		}()
-		if err != nil {
-			return err
-		}
-		for _, d := range e.daemons {
-			v, err := d.Version(ctx)
-			if err != nil {
-				return err
-			}
-			res.Machine.Containerd = append(res.Machine.Containerd, d.name()+": "+v)
-		}
-		if c.has("latency") {
-			if res.Latency, err = runLatency(ctx, e); err != nil {
-				return fmt.Errorf("latency: %w", err)
-			}
-		}
-		if c.has("memory") {
-			if res.Memory, err = runMemory(ctx, e); err != nil {
-				return fmt.Errorf("memory: %w", err)
-			}
-		}
-		if c.has("density") {
-			if res.Density, err = runDensity(ctx, e); err != nil {
-				return fmt.Errorf("density: %w", err)
-			}
 		}
 	}
 	if c.has("micro") {
@@ -218,6 +199,66 @@ func run(c *config) (retErr error) {
 			return err
 		}
 		logf("results: %s", strings.Join(paths, ", "))
+	}
+	return nil
+}
+
+// measureOnHost runs the sections that need daemons and VMs: it takes the
+// host lock, starts the daemons, watches what else runs on the host, and
+// stops and checks everything before it returns.
+func measureOnHost(ctx context.Context, c *config, res *results) (retErr error) {
+	unlock, err := lockHost()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if c.waitQuiet > 0 {
+		logf("waiting up to %v for the host to go quiet", c.waitQuiet)
+		if err := waitQuiet(ctx, c.waitQuiet, 30*time.Second); err != nil {
+			logf("%v; measuring anyway", err)
+		}
+		res.Machine.OtherQEMU, res.Machine.LoadAtStart = otherQEMU(""), fmt.Sprintf("%.2f", load1())
+	}
+	e, err := setup(ctx, c)
+	defer func() {
+		if err := e.close(c.keep); err != nil {
+			retErr = errors.Join(retErr, err)
+		}
+	}()
+	stopMonitor := monitor(e.work)
+	defer func() {
+		d := stopMonitor()
+		res.Disturbance = &d
+	}()
+	if err != nil {
+		return err
+	}
+	for _, d := range e.daemons {
+		v, err := d.Version(ctx)
+		if err != nil {
+			return err
+		}
+		res.Machine.Containerd = append(res.Machine.Containerd, d.name()+": "+v)
+	}
+	if c.has("latency") {
+		if res.Latency, err = runLatency(ctx, e); err != nil {
+			return fmt.Errorf("latency: %w", err)
+		}
+	}
+	if c.has("memory") {
+		if res.Memory, err = runMemory(ctx, e); err != nil {
+			return fmt.Errorf("memory: %w", err)
+		}
+	}
+	if c.has("density") {
+		if res.Density, err = runDensity(ctx, e); err != nil {
+			return fmt.Errorf("density: %w", err)
+		}
+	}
+	if c.has("net") {
+		if res.Net, err = runNet(ctx, e); err != nil {
+			return fmt.Errorf("net: %w", err)
+		}
 	}
 	return nil
 }

@@ -27,9 +27,12 @@ type results struct {
 	Memory   []memoryResult  `json:"memory,omitempty"`
 	Density  []densityResult `json:"density,omitempty"`
 	Micro    *microResult    `json:"micro,omitempty"`
-	Derived  map[string]any  `json:"derived"`
-	Rows     []row           `json:"table"`
-	Notes    []string        `json:"notes"`
+	Net      *netResults     `json:"net,omitempty"`
+	// Disturbance is what else ran on the host during the sections.
+	Disturbance *disturbance   `json:"disturbance,omitempty"`
+	Derived     map[string]any `json:"derived"`
+	Rows        []row          `json:"table"`
+	Notes       []string       `json:"notes"`
 }
 
 // settings are the knobs of the run.
@@ -104,15 +107,26 @@ func (r *results) build() {
 	r.Notes = append(r.Notes,
 		"Acceleration: TCG (software emulation) for every guest. "+r.Machine.AccelWhy+". No KVM figure is estimated.",
 		fmt.Sprintf("Guests: %d vCPU, %d MiB, %s; kernel command line %s.", r.Settings.VCPUs, r.Settings.MemoryMiB, r.Settings.Image, r.Machine.GuestCmdline))
+	if d := r.Disturbance; d != nil && d.Samples > 0 {
+		r.Notes = append(r.Notes, fmt.Sprintf("Other users of the host during the measurements (sampled every second): QEMU processes not started by this run in %d of %d samples (at most %d at once); highest 1-minute load %.2f on %d cores.",
+			d.SamplesWithOther, d.Samples, d.MaxOtherQEMU, d.MaxLoad1, r.Machine.Cores))
+		if d.SamplesWithOther > 0 {
+			r.add("-", "host shared during the run", fmt.Sprintf("other users' QEMU in %d%% of the samples, load up to %.1f: timings are disturbed", 100*d.SamplesWithOther/d.Samples, d.MaxLoad1), "quiet host", "NOT MET")
+		}
+	}
 	if r.Machine.OtherQEMU > 0 {
 		r.Notes = append(r.Notes, fmt.Sprintf("%d QEMU process(es) of other users were running when the run started (load %s): figures may be disturbed.", r.Machine.OtherQEMU, r.Machine.LoadAtStart))
 	}
 	r.buildLatency()
 	r.buildMemory()
 	r.buildDensity()
+	r.buildNet()
 	r.buildMicro()
 	r.add("-", "KVM start latency and boot time", "cannot run here: "+r.Machine.AccelWhy, "", "not measured")
-	r.add("-", "vhost-net, network throughput (bench-net)", "not built: vhost-net needs KVM (TCG domains get none); the guest image has no iperf3 server", "", "not measured")
+	r.add("-", "vhost-net throughput", "cannot run here: the shim hands QEMU vhost-net descriptors only for KVM domains, and this host has no /dev/vhost-net", "", "not measured")
+	if r.Net == nil {
+		r.add("-", "network throughput (bench-net)", "not in this run: -sections net", "", "not measured")
+	}
 }
 
 func (r *results) buildLatency() {
@@ -400,4 +414,80 @@ func (r *results) write(dir string) ([]string, error) {
 	}
 	slices.Sort(paths)
 	return paths, nil
+}
+
+func (r *results) buildNet() {
+	n := r.Net
+	if n == nil {
+		return
+	}
+	r.Notes = append(r.Notes, fmt.Sprintf("bench-net: TCP throughput with iperf3 between the guest (server, started from its console shell) and the host (client), %d s per direction with the first second omitted, same guest (localhost/kvm-guest/iperf:latest: the test guest plus the host's iperf3 in a second initramfs archive) and the same shim-rendered domain XML. "+
+		"(a) and (b): `ctr run` in a netns whose only interface is eth0 of a veth pair (host end %s), so the shim wires its TAP to eth0 with tc; (c): the shim's inactive XML of an (a) VM, renamed, ip= pointed at a host bridge, plus <interface type='bridge'> (a TAP libvirt creates on the bridge), defined with go-libvirt. "+
+		"Ratios are per iteration (the variants run interleaved), given as the median and the range over the runs. Under TCG the guest's single emulated vCPU is the bottleneck, so absolute numbers are low.", n.Seconds, podGateway))
+	var a, b, c *netVariant
+	for _, v := range n.Variants {
+		switch v.Key {
+		case "a":
+			a = v
+		case "b":
+			b = v
+		case "c":
+			c = v
+		}
+		status := "info"
+		if len(v.Failures) > 0 {
+			status = fmt.Sprintf("%d failed", len(v.Failures))
+		}
+		r.add("net (TCG)", v.Label, fmt.Sprintf("host->guest %s; guest->host %s; guest virtio-net features %s",
+			mbps(v.RxMbps), mbps(v.TxMbps), strings.Join(uniq(v.Features), " / ")), "", status)
+	}
+	ratio := func(name string, x, y *netVariant, target float64) {
+		for _, dir := range []struct {
+			label string
+			xs    []float64
+			ys    []float64
+		}{{"host->guest", x.RxMbps, y.RxMbps}, {"guest->host", x.TxMbps, y.TxMbps}} {
+			var rs []float64
+			for i := 0; i < min(len(dir.xs), len(dir.ys)); i++ {
+				if dir.ys[i] > 0 {
+					rs = append(rs, dir.xs[i]/dir.ys[i])
+				}
+			}
+			if len(rs) == 0 {
+				r.add("net (TCG)", name+" "+dir.label, "no paired runs", fmt.Sprintf(">= %.2f", target), "NOT MET")
+				continue
+			}
+			s := summarize(rs)
+			r.Derived["net_ratio_"+strings.ReplaceAll(name, "/", "_")+"_"+strings.ReplaceAll(dir.label, "->", "_to_")] = s.Median
+			r.add("net (TCG)", name+" "+dir.label, fmt.Sprintf("%.2f (%.2f-%.2f over %d runs)", s.Median, s.Min, s.Max, s.N),
+				fmt.Sprintf(">= %.2f", target), met(s.Median >= target))
+		}
+	}
+	if a != nil && b != nil {
+		ratio("a/b", a, b, 2.0)
+	}
+	if a != nil && c != nil {
+		ratio("a/c", a, c, 0.95)
+	}
+}
+
+func mbps(v []float64) string {
+	if len(v) == 0 {
+		return "no run"
+	}
+	s := summarize(v)
+	return fmt.Sprintf("median %.0f Mbit/s (%.0f-%.0f, n=%d)", s.Median, s.Min, s.Max, s.N)
+}
+
+func uniq(v []string) []string {
+	var out []string
+	for _, x := range v {
+		if x != "" && !slices.Contains(out, x) {
+			out = append(out, x)
+		}
+	}
+	if len(out) == 0 {
+		return []string{"(not reported)"}
+	}
+	return out
 }

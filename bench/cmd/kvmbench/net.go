@@ -1,0 +1,507 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/digitalocean/go-libvirt"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
+)
+
+// The host side of the network benchmark: fixed names on this host only.
+const (
+	netNS       = "kvmbench-net"
+	netVethHost = "kvmbench-veth"
+	netBridge   = "kvmbench-br"
+	podAddr     = "10.89.30.2"
+	podGateway  = "10.89.30.1"
+	bridgeAddr  = "10.89.31.2"
+	bridgeGW    = "10.89.31.1"
+	iperfImage  = "localhost/kvm-guest/iperf:latest"
+)
+
+// netVariant is one way the same guest reaches the host.
+type netVariant struct {
+	Key   string `json:"key"`
+	Label string `json:"label"`
+	// RxMbps: host to guest (iperf3 client on the host sends);
+	// TxMbps: guest to host (iperf3 -R).
+	RxMbps   []float64 `json:"rx_mbps"`
+	TxMbps   []float64 `json:"tx_mbps"`
+	Features []string  `json:"virtio_net_features"` // as the guest reported them
+	Failures []string  `json:"failures,omitempty"`
+}
+
+// netResults is the bench-net section.
+type netResults struct {
+	Runs     int           `json:"runs"`
+	Seconds  int           `json:"iperf_seconds"`
+	Template string        `json:"bridge_domain_xml"`
+	Variants []*netVariant `json:"variants"`
+}
+
+// runNet measures TCP throughput between the guest and a peer on the host
+// side of the pod's network, in three ways on the same guest and image:
+// (a) the shim's TAP with IFF_VNET_HDR and offloads, (b) the same with
+// vnet_hdr = false, (c) the shim's own domain XML plus a libvirt-managed
+// TAP on a host bridge, defined with go-libvirt. Containerd flavour: the
+// first one.
+func runNet(ctx context.Context, e *env) (_ *netResults, retErr error) {
+	d := e.daemons[0]
+	res := &netResults{Runs: e.cfg.netRuns, Seconds: e.cfg.netSeconds}
+	if _, err := exec.LookPath("iperf3"); err != nil {
+		return nil, fmt.Errorf("iperf3 is not installed on the host (apt-get install iperf3): %w", err)
+	}
+	archive, err := buildIperfImage(ctx, e)
+	if err != nil {
+		return nil, fmt.Errorf("build the iperf3 guest image: %w", err)
+	}
+	ref, err := d.Import(ctx, archive, testenv.NamespaceDefault)
+	if err != nil {
+		return nil, err
+	}
+	offCfg := filepath.Join(d.Dir, "kvm-shim-novnethdr.toml")
+	b, err := os.ReadFile(d.ShimConfigPath)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(offCfg, append(b, []byte("vnet_hdr = false\n")...), 0o644); err != nil {
+		return nil, err
+	}
+	l, err := testenv.ConnectLibvirt()
+	if err != nil {
+		return nil, err
+	}
+	defer l.Disconnect()
+	defer func() { retErr = errors.Join(retErr, netTeardown()) }()
+	if err := netTeardown(); err != nil { // a previous run's leftovers
+		return nil, err
+	}
+	if err := bridgeSetup(); err != nil {
+		return nil, err
+	}
+
+	a := &netVariant{Key: "a", Label: "(a) shim TAP, IFF_VNET_HDR + offloads (vnet_hdr = true)"}
+	bv := &netVariant{Key: "b", Label: "(b) shim TAP without IFF_VNET_HDR (vnet_hdr = false)"}
+	c := &netVariant{Key: "c", Label: "(c) libvirt TAP on a host bridge (same domain XML + <interface type='bridge'>)"}
+	res.Variants = []*netVariant{a, bv, c}
+	var tmpl string
+	for i := 0; i < e.cfg.netRuns; i++ {
+		logf("net: iteration %d/%d", i+1, e.cfg.netRuns)
+		for _, v := range res.Variants {
+			var err error
+			switch v.Key {
+			case "a":
+				var x string
+				x, err = shimNetRun(ctx, d, e, ref, d.ShimConfigPath, i, v, tmpl == "", l)
+				if x != "" {
+					tmpl = x
+					res.Template = x
+				}
+			case "b":
+				_, err = shimNetRun(ctx, d, e, ref, offCfg, i, v, false, l)
+			case "c":
+				if tmpl == "" {
+					err = errors.New("no domain XML captured from (a)")
+					break
+				}
+				err = bridgeNetRun(ctx, l, e, tmpl, i, v)
+			}
+			if err != nil {
+				logf("net: %s run %d failed: %v", v.Key, i, err)
+				v.Failures = append(v.Failures, fmt.Sprintf("run %d: %v", i, err))
+				d.ForceCleanup(ctx)
+			}
+		}
+	}
+	return res, nil
+}
+
+// buildIperfImage makes localhost/kvm-guest/iperf:latest: the test guest's
+// kernel and initrd (hack/guest/build.sh) with a second initramfs archive
+// appended that adds the host's iperf3 and the shared libraries ldd names.
+func buildIperfImage(ctx context.Context, e *env) (string, error) {
+	kernel := strings.TrimSpace(readFile("_output/guest-build/kernel.ref"))
+	base, err := os.ReadFile("_output/guest-build/initrd.img")
+	if err != nil || kernel == "" {
+		return "", fmt.Errorf("the guest build (hack/guest/build.sh) left no initrd.img or kernel.ref in _output/guest-build: %v", err)
+	}
+	bin, err := exec.LookPath("iperf3")
+	if err != nil {
+		return "", err
+	}
+	entries := []cpioEntry{{name: "/usr/bin/iperf3", mode: 0o755, source: bin}}
+	libs, err := sharedLibraries(ctx, bin)
+	if err != nil {
+		return "", err
+	}
+	for _, lib := range libs {
+		real, err := filepath.EvalSymlinks(lib)
+		if err != nil {
+			return "", err
+		}
+		entries = append(entries, cpioEntry{name: lib, mode: 0o755, source: real})
+	}
+	var buf bytes.Buffer
+	buf.Write(base)
+	buf.Write(make([]byte, pad4(len(base))))
+	if err := writeInitramfs(&buf, entries); err != nil {
+		return "", err
+	}
+	dir := filepath.Join(e.work, "iperf-image")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	initrd := filepath.Join(dir, "initrd.img")
+	if err := os.WriteFile(initrd, buf.Bytes(), 0o644); err != nil {
+		return "", err
+	}
+	out := filepath.Join(dir, "iperf.tar")
+	cmd := exec.CommandContext(ctx, "go", "run", "./hack/ocipack", "-name", iperfImage, "-out", out,
+		"-file", "/boot/vmlinuz="+kernel+":0644", "-file", "/boot/initrd.img="+initrd+":0644", "-cmd", "/vm")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go run ./hack/ocipack: %v: %s", err, b)
+	}
+	return out, nil
+}
+
+var lddRE = regexp.MustCompile(`(?m)^\s*(?:\S+ => )?(/\S+) \(0x[0-9a-f]+\)$`)
+
+// sharedLibraries lists the libraries (and the loader) ldd resolves for bin.
+func sharedLibraries(ctx context.Context, bin string) ([]string, error) {
+	out, err := exec.CommandContext(ctx, "ldd", bin).Output()
+	if err != nil {
+		return nil, fmt.Errorf("ldd %s: %w", bin, err)
+	}
+	var libs []string
+	for _, m := range lddRE.FindAllStringSubmatch(string(out), -1) {
+		libs = append(libs, m[1])
+	}
+	if len(libs) == 0 {
+		return nil, fmt.Errorf("ldd %s named no libraries: %s", bin, out)
+	}
+	return libs, nil
+}
+
+// sh runs a host command and returns its error with its output.
+func sh(ctx context.Context, name string, args ...string) error {
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// podNetSetup makes the pod's network as CNI would: a netns whose only
+// interface is eth0, one end of a veth whose other end is on the host.
+func podNetSetup(ctx context.Context) error {
+	for _, args := range [][]string{
+		{"netns", "add", netNS},
+		{"link", "add", netVethHost, "type", "veth", "peer", "name", "eth0", "netns", netNS},
+		{"addr", "add", podGateway + "/24", "dev", netVethHost},
+		{"link", "set", netVethHost, "up"},
+		{"-n", netNS, "addr", "add", podAddr + "/24", "dev", "eth0"},
+		{"-n", netNS, "link", "set", "lo", "up"},
+		{"-n", netNS, "link", "set", "eth0", "up"},
+		{"-n", netNS, "route", "add", "default", "via", podGateway},
+	} {
+		if err := sh(ctx, "ip", args...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func podNetTeardown() error {
+	var errs []error
+	if _, err := os.Stat("/run/netns/" + netNS); err == nil {
+		errs = append(errs, sh(context.Background(), "ip", "netns", "del", netNS))
+	}
+	// Deleting the netns destroys eth0 and so its peer, asynchronously.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	gone := func() (bool, string) {
+		_, err := os.Stat("/sys/class/net/" + netVethHost)
+		return errors.Is(err, os.ErrNotExist), netVethHost + " still exists"
+	}
+	if testenv.Poll(ctx, 50*time.Millisecond, gone) != nil {
+		if err := sh(context.Background(), "ip", "link", "del", netVethHost); err != nil && !strings.Contains(err.Error(), "Cannot find device") {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func bridgeSetup() error {
+	for _, args := range [][]string{
+		{"link", "add", netBridge, "type", "bridge"},
+		{"addr", "add", bridgeGW + "/24", "dev", netBridge},
+		{"link", "set", netBridge, "up"},
+	} {
+		if err := sh(context.Background(), "ip", args...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func netTeardown() error {
+	err := podNetTeardown()
+	if _, serr := os.Stat("/sys/class/net/" + netBridge); serr == nil {
+		err = errors.Join(err, sh(context.Background(), "ip", "link", "del", netBridge))
+	}
+	return err
+}
+
+// consoleBuf collects a guest's console output.
+type consoleBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (c *consoleBuf) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.b.Write(p)
+}
+
+func (c *consoleBuf) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.b.String()
+}
+
+// waitFor waits until the console shows want and returns the output.
+func (c *consoleBuf) waitFor(ctx context.Context, want string, timeout time.Duration) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	err := testenv.Poll(ctx, 50*time.Millisecond, func() (bool, string) {
+		return strings.Contains(c.String(), want), "console has no " + want + "; tail:\n" + testenv.Tail(c.String(), 15)
+	})
+	return c.String(), err
+}
+
+var featuresRE = regexp.MustCompile(`KVM-GUEST-VIRTIO-NET-FEATURES (\S+)`)
+
+// measureGuest waits for the guest's network, starts iperf3 -s in it
+// through its console shell, and runs the host's client both ways.
+func measureGuest(ctx context.Context, con *consoleBuf, shell io.Writer, addr string, secs int, v *netVariant) error {
+	out, err := con.waitFor(ctx, "KVM-GUEST-GW-", 3*bootTimeout)
+	if err != nil {
+		return err
+	}
+	if !strings.Contains(out, "KVM-GUEST-GW-OK") {
+		return fmt.Errorf("the guest could not reach its gateway:\n%s", testenv.Tail(out, 15))
+	}
+	features := ""
+	if m := featuresRE.FindStringSubmatch(out); m != nil {
+		features = m[1]
+	}
+	if _, err := io.WriteString(shell, "\niperf3 -s -D\n"); err != nil {
+		return fmt.Errorf("write to the guest's console: %w", err)
+	}
+	rx, err := iperf(ctx, addr, secs, false)
+	if err != nil {
+		return err
+	}
+	tx, err := iperf(ctx, addr, secs, true)
+	if err != nil {
+		return err
+	}
+	v.RxMbps = append(v.RxMbps, rx)
+	v.TxMbps = append(v.TxMbps, tx)
+	v.Features = append(v.Features, features)
+	return nil
+}
+
+// iperf runs the host's iperf3 client against addr for secs seconds (the
+// first second omitted) and returns the receiver's Mbit/s; it retries
+// while the guest's server is not listening yet.
+func iperf(ctx context.Context, addr string, secs int, reverse bool) (float64, error) {
+	args := []string{"-c", addr, "-t", fmt.Sprint(secs), "-O", "1", "-J"}
+	if reverse {
+		args = append(args, "-R")
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, err := exec.CommandContext(ctx, "iperf3", args...).Output()
+		var r struct {
+			Error string `json:"error"`
+			End   struct {
+				SumReceived struct {
+					BitsPerSecond float64 `json:"bits_per_second"`
+				} `json:"sum_received"`
+			} `json:"end"`
+		}
+		if jerr := json.Unmarshal(out, &r); jerr == nil && r.Error == "" && err == nil {
+			return r.End.SumReceived.BitsPerSecond / 1e6, nil
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("iperf3 %s: %v %s", strings.Join(args, " "), err, r.Error)
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// shimNetRun boots the iperf guest with ctr in a pod-like netns through the
+// shim with the given config, measures, and removes it. With capture, it
+// returns the bridge variant's template made from the shim's domain XML.
+func shimNetRun(ctx context.Context, d *daemon, e *env, ref, cfg string, i int, v *netVariant, capture bool, l *libvirt.Libvirt) (tmpl string, retErr error) {
+	if err := podNetSetup(ctx); err != nil {
+		return "", err
+	}
+	defer func() { retErr = errors.Join(retErr, podNetTeardown()) }()
+	id := fmt.Sprintf("net-%s-%d", v.Key, i)
+	cmd := d.CtrCmd(ctx, testenv.NamespaceDefault, "run", "--rm", "--runtime", testenv.RuntimeKVM,
+		"--runtime-config-path", cfg, "--with-ns", "network:/run/netns/"+netNS, ref, id)
+	con := &consoleBuf{}
+	cmd.Stdout, cmd.Stderr = con, con
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return "", err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		d.Ctr(ctx, testenv.NamespaceDefault, "task", "kill", "-s", "KILL", id)
+		select {
+		case <-exited:
+		case <-time.After(goneTimeout):
+			_ = cmd.Process.Kill()
+			<-exited
+			retErr = errors.Join(retErr, fmt.Errorf("ctr run %s did not exit after SIGKILL", id))
+		}
+		stdin.Close()
+		retErr = errors.Join(retErr, waitGone(ctx, d))
+	}()
+	if capture {
+		if _, err := con.waitFor(ctx, readyLine, 3*bootTimeout); err != nil {
+			return "", err
+		}
+		if tmpl, err = bridgeTemplate(l, d, e); err != nil {
+			return "", fmt.Errorf("capture the shim's domain XML: %w", err)
+		}
+	}
+	return tmpl, measureGuest(ctx, con, stdin, podAddr, e.cfg.netSeconds, v)
+}
+
+// bridgeTemplate takes the running shim VM's XML, copies its files, and
+// makes it the bridge variant: a new identity, the bridge's address on the
+// kernel command line, and a libvirt <interface type='bridge'>.
+func bridgeTemplate(l *libvirt.Libvirt, d *daemon, e *env) (string, error) {
+	doms, err := testenv.DomainsMentioning(l, d.ShimStateDir)
+	if err != nil {
+		return "", err
+	}
+	if len(doms) != 1 {
+		return "", fmt.Errorf("want one domain of the shim, found %v", doms)
+	}
+	dom, err := l.DomainLookupByName(doms[0])
+	if err != nil {
+		return "", err
+	}
+	xml, err := l.DomainGetXMLDesc(dom, libvirt.DomainXMLInactive)
+	if err != nil {
+		return "", err
+	}
+	m := consoleLogRE.FindStringSubmatch(xml)
+	if m == nil {
+		return "", errors.New("no console log in the shim's domain XML")
+	}
+	files := filepath.Join(e.rawDir, "net-files")
+	if err := copyVMFiles(m[1], files); err != nil {
+		return "", err
+	}
+	x, err := baselineXML(xml, m[1], files, d.ShimStateDir)
+	if err != nil {
+		return "", err
+	}
+	ip := fmt.Sprintf("ip=%s::%s:255.255.255.0:kvm-guest::off", bridgeAddr, bridgeGW)
+	if !ipArgRE.MatchString(x) {
+		return "", fmt.Errorf("the shim's kernel command line has no ip= argument:\n%s", x)
+	}
+	x = ipArgRE.ReplaceAllString(x, ip)
+	iface := fmt.Sprintf("<interface type='bridge'><source bridge='%s'/><model type='virtio'/></interface>\n  </devices>", netBridge)
+	if strings.Count(x, "</devices>") != 1 {
+		return "", errors.New("the shim's domain XML has no single </devices>")
+	}
+	return strings.Replace(x, "</devices>", iface, 1), nil
+}
+
+var ipArgRE = regexp.MustCompile(`ip=[^\s<]+`)
+
+// bridgeNetRun defines and starts the bridge variant, drives its console
+// socket directly, measures, and destroys it.
+func bridgeNetRun(ctx context.Context, l *libvirt.Libvirt, e *env, tmpl string, i int, v *netVariant) (retErr error) {
+	name := fmt.Sprintf("kvmbench-net-%d-%d", os.Getpid(), i)
+	runDir := filepath.Join(e.rawDir, fmt.Sprintf("net-run-%d", i))
+	if err := os.MkdirAll(runDir, 0o711); err != nil {
+		return err
+	}
+	defer os.RemoveAll(runDir)
+	xml := strings.NewReplacer("@NAME@", name, "@UUID@", newUUID(), "@RUNDIR@", runDir).Replace(tmpl)
+	dom, err := l.DomainDefineXML(xml)
+	if err != nil {
+		return fmt.Errorf("define: %w", err)
+	}
+	defer func() {
+		_ = l.DomainDestroy(dom)
+		retErr = errors.Join(retErr, l.DomainUndefine(dom))
+	}()
+	if err := l.DomainCreate(dom); err != nil {
+		return fmt.Errorf("create: %w", err)
+	}
+	conn, err := net.DialTimeout("unix", filepath.Join(runDir, "console.sock"), 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	con := &consoleBuf{}
+	go func() { _, _ = io.Copy(con, bufio.NewReader(conn)) }()
+	return measureGuest(ctx, con, conn, bridgeAddr, e.cfg.netSeconds, v)
+}
+
+// copyVMFiles copies a VM dir's regular files but the console's.
+func copyVMFiles(vmDir, to string) error {
+	if err := os.MkdirAll(to, 0o711); err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(vmDir)
+	if err != nil {
+		return err
+	}
+	for _, ent := range entries {
+		if !ent.Type().IsRegular() || strings.HasPrefix(ent.Name(), "console.") {
+			continue
+		}
+		fi, err := ent.Info()
+		if err != nil {
+			return err
+		}
+		if err := copyFile(filepath.Join(vmDir, ent.Name()), filepath.Join(to, ent.Name()), fi.Mode().Perm()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
