@@ -185,10 +185,9 @@ func run(c *config) (retErr error) {
 			return err
 		}
 	}
-	if c.has("micro") {
-		if res.Micro, err = runMicro(ctx, c); err != nil {
-			return fmt.Errorf("micro: %w", err)
-		}
+	if c.has("micro") && ctx.Err() == nil {
+		res.Micro, err = runMicro(ctx, c)
+		res.fail("micro", err)
 	}
 	res.Finished = time.Now().UTC()
 	res.build()
@@ -199,6 +198,9 @@ func run(c *config) (retErr error) {
 			return err
 		}
 		logf("results: %s", strings.Join(paths, ", "))
+	}
+	if len(res.Failed) > 0 {
+		return fmt.Errorf("%d section(s) failed: %s", len(res.Failed), strings.Join(res.Failed, "; "))
 	}
 	return nil
 }
@@ -215,6 +217,9 @@ func measureOnHost(ctx context.Context, c *config, res *results) (retErr error) 
 	if c.waitQuiet > 0 {
 		logf("waiting up to %v for the host to go quiet", c.waitQuiet)
 		if err := waitQuiet(ctx, c.waitQuiet, 30*time.Second); err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
 			logf("%v; measuring anyway", err)
 		}
 		res.Machine.OtherQEMU, res.Machine.LoadAtStart = otherQEMU(""), fmt.Sprintf("%.2f", load1())
@@ -240,25 +245,26 @@ func measureOnHost(ctx context.Context, c *config, res *results) (retErr error) 
 		}
 		res.Machine.Containerd = append(res.Machine.Containerd, d.name()+": "+v)
 	}
-	if c.has("latency") {
-		if res.Latency, err = runLatency(ctx, e); err != nil {
-			return fmt.Errorf("latency: %w", err)
-		}
+	// A failing section is reported and the next one still runs, so one
+	// broken piece does not throw away the others' numbers.
+	if c.has("latency") && ctx.Err() == nil {
+		res.Latency, err = runLatency(ctx, e)
+		res.fail("latency", err)
 	}
-	if c.has("memory") {
-		if res.Memory, err = runMemory(ctx, e); err != nil {
-			return fmt.Errorf("memory: %w", err)
-		}
+	if c.has("memory") && ctx.Err() == nil {
+		res.Memory, err = runMemory(ctx, e)
+		res.fail("memory", err)
 	}
-	if c.has("density") {
-		if res.Density, err = runDensity(ctx, e); err != nil {
-			return fmt.Errorf("density: %w", err)
-		}
+	if c.has("density") && ctx.Err() == nil {
+		res.Density, err = runDensity(ctx, e)
+		res.fail("density", err)
 	}
-	if c.has("net") {
-		if res.Net, err = runNet(ctx, e); err != nil {
-			return fmt.Errorf("net: %w", err)
-		}
+	if c.has("net") && ctx.Err() == nil {
+		res.Net, err = runNet(ctx, e)
+		res.fail("net", err)
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
 	}
 	return nil
 }

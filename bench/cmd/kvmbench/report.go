@@ -28,6 +28,8 @@ type results struct {
 	Density  []densityResult `json:"density,omitempty"`
 	Micro    *microResult    `json:"micro,omitempty"`
 	Net      *netResults     `json:"net,omitempty"`
+	// Failed lists the sections that failed, with why.
+	Failed []string `json:"failed,omitempty"`
 	// Disturbance is what else ran on the host during the sections.
 	Disturbance *disturbance   `json:"disturbance,omitempty"`
 	Derived     map[string]any `json:"derived"`
@@ -67,6 +69,15 @@ type row struct {
 	Value   string `json:"value"`
 	Target  string `json:"target,omitempty"`
 	Status  string `json:"status,omitempty"` // "met", "NOT MET", "info", "not measured"
+}
+
+// fail records a section's error, if any.
+func (r *results) fail(section string, err error) {
+	if err == nil {
+		return
+	}
+	logf("%s: FAILED: %v", section, err)
+	r.Failed = append(r.Failed, section+": "+err.Error())
 }
 
 func (r *results) add(section, measure, value, target, status string) {
@@ -117,6 +128,9 @@ func (r *results) build() {
 	if r.Machine.OtherQEMU > 0 {
 		r.Notes = append(r.Notes, fmt.Sprintf("%d QEMU process(es) of other users were running when the run started (load %s): figures may be disturbed.", r.Machine.OtherQEMU, r.Machine.LoadAtStart))
 	}
+	for _, f := range r.Failed {
+		r.add("-", "section failed", f, "", "FAILED")
+	}
 	r.buildLatency()
 	r.buildMemory()
 	r.buildDensity()
@@ -139,6 +153,9 @@ func (r *results) buildLatency() {
 		if p.Key == "raw" {
 			raw = p
 		}
+	}
+	if raw == nil {
+		return
 	}
 	rawS := summarize(raw.StartMs)
 	r.Notes = append(r.Notes,
