@@ -209,6 +209,11 @@ func TestCtrNoTun(t *testing.T) {
 			}
 		})
 	}
+	if fi, err := os.Stat("/dev/net/tun"); err != nil {
+		t.Errorf("the host lost /dev/net/tun: %v", err)
+	} else if fi.Mode()&os.ModeCharDevice == 0 {
+		t.Errorf("the host's /dev/net/tun is no longer a character device: %v", fi.Mode())
+	}
 }
 
 // TestCRIBadInput: the VM container is refused through CRI. containerd's

@@ -379,6 +379,13 @@ func (c *containerd) stopAndCheckNetwork(t *testing.T, cl *criClient, v *netVM) 
 	if err := waitNetnsClean(v.net.netns); err != nil {
 		t.Error(err)
 	}
+	checkVMGone(t, v)
+}
+
+// checkVMGone checks that the VM's descriptor socket and its processes
+// (the wrapper, QEMU) are gone.
+func checkVMGone(t *testing.T, v *netVM) {
+	t.Helper()
 	sock := netfdSocketDir + "/" + v.domain + ".sock"
 	if err := poll(leftoverTimeout, func() (bool, string) {
 		_, err := os.Lstat(sock)
@@ -394,8 +401,9 @@ func (c *containerd) stopAndCheckNetwork(t *testing.T, cl *criClient, v *netVM) 
 // TestCRINetwork runs two VM pods on the CNI bridge: each guest has its pod
 // IP and gateway, the host reaches its echo service, the TAP keeps TSO and
 // checksum offload and the guest negotiates them, and the two VMs reach
-// each other. A stranger gets no descriptors from the netfd socket. After
-// the VMs stop, nothing of the wiring is left in the pod namespaces.
+// each other. A stranger gets no descriptors from the netfd socket. Once a
+// VM stops, nothing of its wiring is left in its pod's namespace; once a
+// pod is stopped and removed with its VM still running, nothing is left.
 func TestCRINetwork(t *testing.T) {
 	s := requireKVM(t, "kernel", "pause")
 	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
@@ -443,15 +451,14 @@ func TestCRINetwork(t *testing.T) {
 			c.checkNetfdRefuses(t, a)
 		})
 
-		for _, v := range []*netVM{a, b} {
-			c.stopAndCheckNetwork(t, cl, v)
-		}
-		var ids []shimID
-		for _, v := range []*netVM{a, b} {
-			cl.removePod(t, v.podContainer)
-			ids = append(ids, v.shimIDs()...)
-		}
-		assertNothingLeft(t, c, ids...)
+		// a stops as kubelet stops a container, with its pod and netns
+		// still there; b goes with its pod: StopPodSandbox stops the VM,
+		// CNI DEL and the netns follow, then RemovePodSandbox.
+		c.stopAndCheckNetwork(t, cl, a)
+		cl.removePod(t, a.podContainer)
+		cl.stopAndRemovePod(t, b.pod)
+		checkVMGone(t, b)
+		assertNothingLeft(t, c, append(a.shimIDs(), b.shimIDs()...)...)
 	})
 }
 
