@@ -177,7 +177,7 @@ type diskTargetXML struct {
 
 type controllerXML struct {
 	Type  string `xml:"type,attr"`
-	Index int    `xml:"index,attr"`
+	Index *int   `xml:"index,attr,omitempty"`
 	Model string `xml:"model,attr"`
 }
 

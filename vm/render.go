@@ -171,7 +171,8 @@ func configureConfigDrive(s *Spec, d *domainXML) {
 	}
 	if cd.Format == "iso9660" {
 		disk.Device, disk.Target = "cdrom", diskTargetXML{Dev: "sdz", Bus: "scsi"}
-		d.Devices.Controllers = append(d.Devices.Controllers, controllerXML{Type: "scsi", Index: 0, Model: "virtio-scsi"})
+		zero := 0
+		d.Devices.Controllers = append(d.Devices.Controllers, controllerXML{Type: "scsi", Index: &zero, Model: "virtio-scsi"})
 	}
 	d.Devices.Disks = append(d.Devices.Disks, disk)
 }
@@ -186,8 +187,10 @@ func configureConsole(s *Spec, d *domainXML) {
 }
 
 // configureDevices adds the small fixed devices: a virtio RNG so guests do
-// not stall on entropy at boot, and no balloon (memory is fixed per VM).
+// not stall on entropy at boot, no balloon (memory is fixed per VM) and no
+// USB controller (nothing plugs into it; libvirt would add one by default).
 func configureDevices(s *Spec, d *domainXML) {
+	d.Devices.Controllers = append(d.Devices.Controllers, controllerXML{Type: "usb", Model: "none"})
 	d.Devices.RNGs = append(d.Devices.RNGs, rngXML{
 		Model:   "virtio",
 		Backend: rngBackendXML{Model: "random", Value: "/dev/urandom"},
