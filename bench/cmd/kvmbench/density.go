@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -35,7 +36,7 @@ func runDensity(ctx context.Context, e *env) ([]densityResult, error) {
 	for _, d := range e.daemons {
 		for _, n := range e.cfg.densityPods {
 			logf("density: containerd %s, %d pod(s) at once", d.name(), n)
-			r, err := densityRound(ctx, d, n)
+			r, err := densityRound(ctx, e, d, n)
 			if err != nil {
 				return out, fmt.Errorf("containerd %s, %d pods: %w", d.name(), n, err)
 			}
@@ -53,7 +54,7 @@ func runDensity(ctx context.Context, e *env) ([]densityResult, error) {
 
 // densityRound starts n VM pods concurrently, one goroutine each, then
 // removes them all and checks that nothing is left.
-func densityRound(ctx context.Context, d *daemon, n int) (densityResult, error) {
+func densityRound(ctx context.Context, e *env, d *daemon, n int) (densityResult, error) {
 	res := densityResult{Flavour: d.name(), Pods: n}
 	cl, err := d.DialCRI()
 	if err != nil {
@@ -129,8 +130,21 @@ func densityRound(ctx context.Context, d *daemon, n int) (densityResult, error) 
 	rm.Wait()
 	res.Leftovers = d.WaitNothingLeft(ctx, 2*goneTimeout)
 	if len(res.Leftovers) > 0 {
-		logf("density: left behind, removing: %s", strings.Join(res.Leftovers, "; "))
+		logf("density: left behind: %s", strings.Join(res.Leftovers, "; "))
+		dumpShimStacks(e, d)
 		d.ForceCleanup(ctx)
 	}
 	return res, nil
+}
+
+// dumpShimStacks asks every shim still serving d for a goroutine dump (the
+// shim library logs one on SIGUSR1, into the daemon's log) and keeps the
+// work dir, so that a leftover can be understood afterwards.
+func dumpShimStacks(e *env, d *daemon) {
+	for _, p := range d.ShimProcesses() {
+		_ = syscall.Kill(p.Pid, syscall.SIGUSR1)
+	}
+	time.Sleep(2 * time.Second)
+	e.keepWork = true
+	logf("goroutine dumps of the leftover shims: %s", d.LogPath)
 }

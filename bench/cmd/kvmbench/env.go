@@ -34,6 +34,9 @@ type env struct {
 	rawDir  string // files of the go-libvirt baseline domains
 	cfg     *config
 	daemons []*daemon
+	// keepWork keeps the work dir at the end: something was left behind
+	// and its logs explain why.
+	keepWork bool
 }
 
 // daemon is one private containerd and the images imported into it.
@@ -148,7 +151,7 @@ func (e *env) close(keep bool) error {
 			errs = append(errs, err)
 		}
 	}
-	if len(errs) > 0 || keep {
+	if len(errs) > 0 || keep || e.keepWork {
 		logf("work dir kept: %s", e.work)
 	} else if err := os.RemoveAll(e.work); err != nil {
 		errs = append(errs, err)
