@@ -187,11 +187,19 @@ const cniConfList = `{
 var cniTemplate = template.Must(template.New("cni").Parse(cniConfList))
 
 // shimConfig is the kvm shim's own config, passed as runtime option ConfigPath.
+//
+// The host is shared: a shim that starts adopts the NUMA placement of every
+// live VM on the node into its store, other people's too (a benchmark's ten
+// VMs fill a 2-CPU node at the default cpu_threshold of 4). Generous
+// thresholds keep the suite's VMs placeable whatever else runs; placement
+// itself (node and dedicated) is still checked by TestCtrNUMA.
 const shimConfig = `libvirt_uri = "qemu:///system"
 accel = "tcg"
 state_dir = {{printf "%q" .ShimState}}
 qemu_wrapper = {{printf "%q" .QEMUWrapper}}
 numa_state_file = {{printf "%q" .NUMAStateFile}}
+cpu_threshold = 100.0
+mem_threshold = 16.0
 default_vcpus = 1
 default_memory_mib = 256
 `
