@@ -41,6 +41,11 @@ func CreateTAP(netnsPath string, t TAP) error {
 	if t.Queues < 1 {
 		t.Queues = 1
 	}
+	// Check the device first: the netlink library folds its errno into a
+	// message, which would hide what is wrong.
+	if _, _, err := Features(); err != nil {
+		return fmt.Errorf("create TAP %s: /dev/net/tun unusable: %v: %w", t.Name, err, errdefs.ErrFailedPrecondition)
+	}
 	return inNetns(netnsPath, func(h *netlink.Handle) error {
 		link := &netlink.Tuntap{
 			LinkAttrs: netlink.LinkAttrs{Name: t.Name, MTU: t.MTU},

@@ -83,7 +83,7 @@ func numaMode(spec *specs.Spec, cfg Config) (numa.Mode, error) {
 	}
 	m, err := numa.ParseMode(strings.TrimSpace(v))
 	if err != nil {
-		return "", fmt.Errorf("annotation %s: %v: %w", AnnotationNUMAMode, err, errdefs.ErrInvalidArgument)
+		return "", fmt.Errorf("annotation %s: %w", AnnotationNUMAMode, err)
 	}
 	return m, nil
 }

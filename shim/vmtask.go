@@ -77,7 +77,7 @@ func vmSettingsFrom(spec *specs.Spec, cfg Config, io stdio) (vmSettings, error) 
 		s.memMiB = (s.memMiB + pageMiB - 1) / pageMiB * pageMiB
 	}
 	if s.drive, err = configdrive.FromAnnotations(spec.Annotations, configdrive.Format(cfg.ConfigDriveFormat)); err != nil {
-		return s, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+		return s, err
 	}
 	return s, nil
 }
