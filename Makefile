@@ -12,7 +12,7 @@ GO       ?= go
 INTEGRATION_TIMEOUT ?= 80m
 INTEGRATION_RUN     ?= .
 
-.PHONY: help build install setup images unit integration test demo bench-numa clean
+.PHONY: help build install setup images unit integration test demo bench bench-net bench-numa clean
 
 help: ## Show this help
 	@awk 'BEGIN{FS=":.*## "} /^[a-z-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -45,6 +45,12 @@ test: setup build images unit integration ## Set up the host, then run unit and 
 
 demo: setup install images ## Set up, install, start containerd and boot the demo VM with its console here
 	hack/demo.sh
+
+bench: setup build images ## Start latency, time to userspace, shim memory, density vs raw libvirt and runc (writes bench/results)
+	$(GO) run ./bench/cmd/kvmbench
+
+bench-net: setup build images ## TCP throughput: our TAP with and without IFF_VNET_HDR vs a libvirt bridge TAP
+	$(GO) run ./bench/cmd/kvmbench -sections net
 
 bench-numa: ## Simulate 10,000 VM arrivals on 2/4/8-node hosts: our placement vs first-fit vs a CPU-manager-like packer
 	$(GO) run ./bench/numa
