@@ -303,7 +303,9 @@ func (s *service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*pt
 	s.host = nil
 	s.mu.Unlock()
 	if h != nil {
-		_ = h.close()
+		// The process exits right after; the polite disconnect must not
+		// hold up the answer containerd waits for.
+		go func() { _ = h.close() }()
 	}
 	s.shutdown.Shutdown()
 	return &ptypes.Empty{}, nil

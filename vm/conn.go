@@ -70,17 +70,29 @@ func dial(socket string) (*libvirt.Libvirt, error) {
 func (c *Conn) Events() <-chan Event { return c.events }
 
 // Close ends the connection and the reconnect loop.
+//
+// It never blocks for long: go-libvirt delivers events to a subscriber
+// without a timeout, so the subscription is drained until it ends, and the
+// polite disconnect gets two seconds (a shim that waits longer is killed
+// by containerd as leaked; closing the socket does the rest).
 func (c *Conn) Close() error {
 	c.cancel()
 	<-c.done
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.l == nil {
+	l := c.l
+	c.l = nil
+	c.mu.Unlock()
+	if l == nil {
 		return nil
 	}
-	err := c.l.Disconnect()
-	c.l = nil
-	return err
+	errc := make(chan error, 1)
+	go func() { errc <- l.Disconnect() }()
+	select {
+	case err := <-errc:
+		return err
+	case <-time.After(2 * time.Second):
+		return fmt.Errorf("disconnect from libvirtd at %s: timed out", c.socket)
+	}
 }
 
 func (c *Conn) run(ctx context.Context, l *libvirt.Libvirt, lifecycle <-chan libvirt.DomainEventLifecycleMsg) {
@@ -89,6 +101,13 @@ func (c *Conn) run(ctx context.Context, l *libvirt.Libvirt, lifecycle <-chan lib
 	for {
 		c.pump(ctx, lifecycle)
 		if ctx.Err() != nil {
+			// go-libvirt's delivery goroutine blocks on its send until
+			// someone reads: drain it so it can see the cancellation,
+			// unsubscribe and close the channel.
+			go func(ch <-chan libvirt.DomainEventLifecycleMsg) {
+				for range ch {
+				}
+			}(lifecycle)
 			return
 		}
 		c.mu.Lock()
