@@ -1,8 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -137,14 +140,37 @@ func densityRound(ctx context.Context, e *env, d *daemon, n int) (densityResult,
 	return res, nil
 }
 
-// dumpShimStacks asks every shim still serving d for a goroutine dump (the
-// shim library logs one on SIGUSR1, into the daemon's log) and keeps the
-// work dir, so that a leftover can be understood afterwards.
+// dumpShimStacks takes a goroutine dump of every shim still serving d and
+// keeps the work dir, so that a leftover can be understood afterwards. A
+// shim's stderr is the log FIFO of its bundle, which containerd stops
+// reading once it gave up on the shim: the dump is read from the FIFO here
+// (through /proc/<pid>/fd/2) while SIGQUIT makes the Go runtime write it
+// and end the process.
 func dumpShimStacks(e *env, d *daemon) {
-	for _, p := range d.ShimProcesses() {
-		_ = syscall.Kill(p.Pid, syscall.SIGUSR1)
-	}
-	time.Sleep(2 * time.Second)
 	e.keepWork = true
-	logf("goroutine dumps of the leftover shims: %s", d.LogPath)
+	for _, p := range d.ShimProcesses() {
+		path := filepath.Join(e.work, fmt.Sprintf("leftover-shim-%d.txt", p.Pid))
+		f, err := os.OpenFile(fmt.Sprintf("/proc/%d/fd/2", p.Pid), os.O_RDONLY|syscall.O_NONBLOCK, 0)
+		if err != nil {
+			logf("leftover shim %d: open its stderr: %v", p.Pid, err)
+			continue
+		}
+		_ = syscall.Kill(p.Pid, syscall.SIGQUIT)
+		var dump bytes.Buffer
+		deadline := time.Now().Add(3 * time.Second)
+		buf := make([]byte, 64<<10)
+		for time.Now().Before(deadline) {
+			n, err := f.Read(buf)
+			dump.Write(buf[:n])
+			if n == 0 || err != nil {
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+		f.Close()
+		if err := os.WriteFile(path, append([]byte(p.Cmdline+"\n\n"), dump.Bytes()...), 0o644); err != nil {
+			logf("leftover shim %d: %v", p.Pid, err)
+			continue
+		}
+		logf("goroutine dump of leftover shim %d: %s (%d bytes)", p.Pid, path, dump.Len())
+	}
 }
