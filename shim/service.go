@@ -303,9 +303,9 @@ func (s *service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*pt
 	s.host = nil
 	s.mu.Unlock()
 	if h != nil {
-		// The process exits right after; the polite disconnect must not
-		// hold up the answer containerd waits for.
-		go func() { _ = h.close() }()
+		// A clean disconnect (bounded: Close gives up after 2 s) rather
+		// than a socket that vanishes when the process exits.
+		_ = h.close()
 	}
 	s.shutdown.Shutdown()
 	return &ptypes.Empty{}, nil
