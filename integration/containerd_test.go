@@ -16,6 +16,8 @@ import (
 	"testing"
 	"text/template"
 	"time"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
 )
 
 const (
@@ -357,10 +359,10 @@ func (c *containerd) stop() error {
 		errs = append(errs, fmt.Errorf("containerd %s: leftover shim process %d: %s", c.name, p.pid, p.cmdline))
 		_ = syscall.Kill(p.pid, syscall.SIGKILL)
 	}
-	for _, m := range mountsUnder(c.Dir) {
+	for _, m := range testenv.MountsUnder(c.Dir) {
 		errs = append(errs, fmt.Errorf("containerd %s: leftover mount %s", c.name, m))
 	}
-	if err := unmountAll(c.Dir); err != nil {
+	if err := testenv.UnmountAll(c.Dir); err != nil {
 		errs = append(errs, err)
 	}
 	// CNI bridges outlive their pods by design; this one is ours to remove.
@@ -379,10 +381,10 @@ func (c *containerd) mounts(dir string) []string {
 		select {
 		case <-c.exited:
 		default:
-			return mountsUnderIn(fmt.Sprintf("/proc/%d/mountinfo", c.cmd.Process.Pid), dir)
+			return testenv.MountsUnderIn(fmt.Sprintf("/proc/%d/mountinfo", c.cmd.Process.Pid), dir)
 		}
 	}
-	return mountsUnder(dir)
+	return testenv.MountsUnder(dir)
 }
 
 // inMountNS runs a shell script in containerd's mount namespace (see

@@ -3,13 +3,12 @@
 package integration
 
 import (
-	"archive/tar"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
 )
 
 // imageSpec names a guest image archive built by hack/guest/build.sh.
@@ -56,7 +55,7 @@ func findImages(dir string) (found map[string]image, missing []string, err error
 			}
 			continue
 		}
-		ref, err := archiveImageName(path)
+		ref, err := testenv.ArchiveImageName(path)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -66,49 +65,4 @@ func findImages(dir string) (found map[string]image, missing []string, err error
 		found[name] = image{archive: path, ref: ref}
 	}
 	return found, missing, nil
-}
-
-// archiveImageName reads the image name that `ctr images import` will give
-// the single image in an OCI archive (index.json annotation
-// io.containerd.image.name) or a docker archive (manifest.json RepoTags).
-func archiveImageName(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	tr := tar.NewReader(f)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			return "", fmt.Errorf("%s: no index.json or manifest.json", path)
-		}
-		if err != nil {
-			return "", fmt.Errorf("%s: %w", path, err)
-		}
-		switch filepath.Clean(h.Name) {
-		case "index.json":
-			var idx struct {
-				Manifests []struct {
-					Annotations map[string]string `json:"annotations"`
-				} `json:"manifests"`
-			}
-			if err := json.NewDecoder(tr).Decode(&idx); err != nil {
-				return "", fmt.Errorf("%s: index.json: %w", path, err)
-			}
-			if len(idx.Manifests) != 1 || idx.Manifests[0].Annotations["io.containerd.image.name"] == "" {
-				return "", fmt.Errorf("%s: index.json must list one manifest annotated io.containerd.image.name", path)
-			}
-			return idx.Manifests[0].Annotations["io.containerd.image.name"], nil
-		case "manifest.json":
-			var m []struct{ RepoTags []string }
-			if err := json.NewDecoder(tr).Decode(&m); err != nil {
-				return "", fmt.Errorf("%s: manifest.json: %w", path, err)
-			}
-			if len(m) != 1 || len(m[0].RepoTags) != 1 {
-				return "", fmt.Errorf("%s: manifest.json must hold one image with one tag", path)
-			}
-			return m[0].RepoTags[0], nil
-		}
-	}
 }

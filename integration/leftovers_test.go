@@ -3,7 +3,6 @@
 package integration
 
 import (
-	"bufio"
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
@@ -228,66 +227,6 @@ func dirNames(dir string) []string {
 		names[i] = e.Name()
 	}
 	return names
-}
-
-// mountsUnder lists mount points at or below dir, deepest first.
-func mountsUnder(dir string) []string {
-	return mountsUnderIn("/proc/self/mountinfo", dir)
-}
-
-// mountsUnderIn lists mount points at or below dir in a mountinfo file.
-func mountsUnderIn(mountinfo, dir string) []string {
-	f, err := os.Open(mountinfo)
-	if err != nil {
-		return []string{err.Error()}
-	}
-	defer f.Close()
-	var mounts []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		mp := unescapeMountinfo(fields[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			mounts = append(mounts, mp)
-		}
-	}
-	sort.Sort(sort.Reverse(sort.StringSlice(mounts)))
-	return mounts
-}
-
-// unescapeMountinfo undoes the octal escapes (\040 etc.) of mountinfo paths.
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-// unmountAll unmounts everything at or below dir, deepest first.
-func unmountAll(dir string) error {
-	var errs []error
-	for _, m := range mountsUnder(dir) {
-		if err := syscall.Unmount(m, 0); err != nil {
-			if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil {
-				errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
-			}
-		}
-	}
-	return errors.Join(errs...)
 }
 
 // ownDomains lists this containerd's libvirt domains (see the function

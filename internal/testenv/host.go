@@ -61,8 +61,12 @@ func isShimOf(args []string, address string) bool {
 }
 
 // MountsUnder lists mount points at or below dir, deepest first.
-func MountsUnder(dir string) []string {
-	f, err := os.Open("/proc/self/mountinfo")
+func MountsUnder(dir string) []string { return MountsUnderIn("/proc/self/mountinfo", dir) }
+
+// MountsUnderIn is MountsUnder for the mount namespace a mountinfo file
+// describes (/proc/<pid>/mountinfo of a process in another namespace).
+func MountsUnderIn(mountinfo, dir string) []string {
+	f, err := os.Open(mountinfo)
 	if err != nil {
 		return []string{err.Error()}
 	}
