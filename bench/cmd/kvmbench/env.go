@@ -64,15 +64,19 @@ numa_state_file = %q
 `, filepath.Join(binDir, wrapperBinary), c.vcpus, c.memoryMiB, filepath.Join(daemonDir, "numa.json"))
 }
 
-// lockHost serialises benchmark runs on this host.
+// lockHost serialises benchmark runs on this host: it waits while another
+// run holds the lock.
 func lockHost() (unlock func(), err error) {
 	f, err := os.OpenFile(hostLockPath, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, err
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("another benchmark run holds %s", hostLockPath)
+		logf("waiting for another benchmark run to release %s", hostLockPath)
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", hostLockPath, err)
+		}
 	}
 	return func() { f.Close() }, nil
 }
