@@ -402,15 +402,22 @@ func (r *results) markdown() string {
 
 func mdEscape(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
 
-// write stores <UTC timestamp>-<flavours>.json and .md (and -micro.txt)
-// in dir, and copies the Markdown to latest.md.
+// write stores <UTC timestamp>-<tag>.json and .md (and -micro.txt) in
+// dir, and copies the Markdown to latest<kind>.md: latest.md for runs with
+// the main sections, latest-net.md for bench-net alone, latest-micro.md
+// for the micro-benchmarks alone, so that a partial run does not replace
+// the full one.
 func (r *results) write(dir string) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	tag := "micro"
-	if r.Latency != nil || r.Memory != nil || r.Density != nil {
-		tag = strings.Join(r.Settings.Flavours, "-")
+	tag, kind := strings.Join(r.Settings.Flavours, "-"), ""
+	switch {
+	case r.Latency != nil || r.Memory != nil || r.Density != nil:
+	case r.Net != nil && r.Micro == nil:
+		tag, kind = tag+"-net", "-net"
+	case r.Net == nil && r.Micro != nil:
+		tag, kind = "micro", "-micro"
 	}
 	base := filepath.Join(dir, r.Started.Format("20060102T150405Z")+"-"+tag)
 	js, err := json.MarshalIndent(r, "", "  ")
@@ -418,7 +425,7 @@ func (r *results) write(dir string) ([]string, error) {
 		return nil, err
 	}
 	md := r.markdown()
-	files := map[string][]byte{base + ".json": append(js, '\n'), base + ".md": []byte(md), filepath.Join(dir, "latest.md"): []byte(md)}
+	files := map[string][]byte{base + ".json": append(js, '\n'), base + ".md": []byte(md), filepath.Join(dir, "latest"+kind+".md"): []byte(md)}
 	if r.Micro != nil {
 		files[base+"-micro.txt"] = []byte(r.Micro.Output)
 	}
