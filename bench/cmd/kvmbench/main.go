@@ -10,6 +10,7 @@
 //
 //	go run ./bench/cmd/kvmbench            # the full run (about 20 minutes)
 //	go run ./bench/cmd/kvmbench -quick     # a few iterations (a few minutes)
+//	go run ./bench/cmd/kvmbench -rerender bench/results/X.json  # table and .md again
 package main
 
 import (
@@ -59,6 +60,13 @@ var (
 )
 
 func main() {
+	if len(os.Args) == 3 && os.Args[1] == "-rerender" {
+		if err := rerender(os.Args[2]); err != nil {
+			fmt.Fprintln(os.Stderr, "kvmbench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	c, err := parseFlags(os.Args[1:])
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "kvmbench:", err)

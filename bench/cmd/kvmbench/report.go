@@ -114,7 +114,7 @@ func fmtMs(v float64) string {
 
 // build derives the table and the notes from the measurements.
 func (r *results) build() {
-	r.Derived = map[string]any{}
+	r.Derived, r.Rows, r.Notes = map[string]any{}, nil, nil
 	r.Notes = append(r.Notes,
 		"Acceleration: TCG (software emulation) for every guest. "+r.Machine.AccelWhy+". No KVM figure is estimated.",
 		fmt.Sprintf("Guests: %d vCPU, %d MiB, %s; kernel command line %s.", r.Settings.VCPUs, r.Settings.MemoryMiB, r.Settings.Image, r.Machine.GuestCmdline))
@@ -122,7 +122,8 @@ func (r *results) build() {
 		r.Notes = append(r.Notes, fmt.Sprintf("Other users of the host during the measurements (sampled every second): QEMU processes not started by this run in %d of %d samples (at most %d at once); highest 1-minute load %.2f on %d cores.",
 			d.SamplesWithOther, d.Samples, d.MaxOtherQEMU, d.MaxLoad1, r.Machine.Cores))
 		if d.SamplesWithOther > 0 {
-			r.add("-", "host shared during the run", fmt.Sprintf("other users' QEMU in %d%% of the samples, load up to %.1f: timings are disturbed", 100*d.SamplesWithOther/d.Samples, d.MaxLoad1), "quiet host", "NOT MET")
+			r.add("-", "host shared during the run", fmt.Sprintf("other users' QEMU in %d of %d one-second samples (at most %d at once), load up to %.1f: timings may be disturbed",
+				d.SamplesWithOther, d.Samples, d.MaxOtherQEMU, d.MaxLoad1), "quiet host", "NOT MET")
 		}
 	}
 	if r.Machine.OtherQEMU > 0 {
@@ -514,4 +515,30 @@ func uniq(v []string) []string {
 		return []string{"(not reported)"}
 	}
 	return out
+}
+
+// rerender reads a results JSON written by an earlier run, rebuilds its
+// table and notes with this version of the report, prints the table and
+// rewrites the Markdown beside it.
+func rerender(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var r results
+	if err := json.Unmarshal(b, &r); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	r.build()
+	fmt.Print(r.table())
+	js, err := json.MarshalIndent(&r, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, append(js, '\n'), 0o644); err != nil {
+		return err
+	}
+	md := strings.TrimSuffix(path, ".json") + ".md"
+	logf("rewrote %s and %s", path, md)
+	return os.WriteFile(md, []byte(r.markdown()), 0o644)
 }
