@@ -184,3 +184,17 @@ func TestTableAndMarkdown(t *testing.T) {
 		t.Errorf("markdown:\n%s", md)
 	}
 }
+
+func TestVirtioOffloads(t *testing.T) {
+	on := "1110010111111111111101010000110010000000100000000000000000000000"
+	off := "0010010000000001111101010000110010000000100000000000000000000000"
+	if got := virtioOffloads(on); got != "CSUM GUEST_CSUM GUEST_TSO4 GUEST_TSO6 GUEST_ECN GUEST_UFO HOST_TSO4 HOST_TSO6 HOST_ECN HOST_UFO" {
+		t.Errorf("with vnet_hdr: %q", got)
+	}
+	if got := virtioOffloads(off); got != "none" {
+		t.Errorf("without vnet_hdr: %q", got)
+	}
+	if got := virtioOffloads("(x)"); got != "(x)" {
+		t.Errorf("not a bit string: %q", got)
+	}
+}

@@ -117,9 +117,9 @@ func (r *results) build() {
 	r.Derived, r.Rows, r.Notes = map[string]any{}, nil, nil
 	r.Notes = append(r.Notes,
 		"Acceleration: TCG (software emulation) for every guest. "+r.Machine.AccelWhy+". No KVM figure is estimated.",
-		fmt.Sprintf("Guests: %d vCPU, %d MiB, %s; kernel command line %s.", r.Settings.VCPUs, r.Settings.MemoryMiB, r.Settings.Image, r.Machine.GuestCmdline))
+		fmt.Sprintf("Guests: %d vCPU, %d MiB, %s (bench-net: %s); kernel command line %s.", r.Settings.VCPUs, r.Settings.MemoryMiB, r.Settings.Image, iperfImage, r.Machine.GuestCmdline))
 	if d := r.Disturbance; d != nil && d.Samples > 0 {
-		r.Notes = append(r.Notes, fmt.Sprintf("Other users of the host during the measurements (sampled every second): QEMU processes not started by this run in %d of %d samples (at most %d at once); highest 1-minute load %.2f on %d cores.",
+		r.Notes = append(r.Notes, fmt.Sprintf("Other users of the host during the measurements (sampled every second): QEMU processes not started by this run in %d of %d samples (at most %d at once); highest 1-minute load %.2f on %d cores, this run's own VMs included.",
 			d.SamplesWithOther, d.Samples, d.MaxOtherQEMU, d.MaxLoad1, r.Machine.Cores))
 		if d.SamplesWithOther > 0 {
 			r.add("-", "host shared during the run", fmt.Sprintf("other users' QEMU in %d of %d one-second samples (at most %d at once), load up to %.1f: timings may be disturbed",
@@ -463,8 +463,12 @@ func (r *results) buildNet() {
 		if len(v.Failures) > 0 {
 			status = fmt.Sprintf("%d failed", len(v.Failures))
 		}
-		r.add("net (TCG)", v.Label, fmt.Sprintf("host->guest %s; guest->host %s; guest virtio-net features %s",
-			mbps(v.RxMbps), mbps(v.TxMbps), strings.Join(uniq(v.Features), " / ")), "", status)
+		var offloads []string
+		for _, f := range uniq(v.Features) {
+			offloads = append(offloads, virtioOffloads(f))
+		}
+		r.add("net (TCG)", v.Label, fmt.Sprintf("host->guest %s; guest->host %s; offloads the guest negotiated: %s",
+			mbps(v.RxMbps), mbps(v.TxMbps), strings.Join(offloads, " / ")), "", status)
 	}
 	ratio := func(name string, x, y *netVariant, target float64) {
 		for _, dir := range []struct {
@@ -541,4 +545,24 @@ func rerender(path string) error {
 	md := strings.TrimSuffix(path, ".json") + ".md"
 	logf("rewrote %s and %s", path, md)
 	return os.WriteFile(md, []byte(r.markdown()), 0o644)
+}
+
+// virtioOffloads names the offload bits set in a virtio-net feature string
+// as Linux prints it in /sys/class/net/<if>/device/features (bit 0 first).
+func virtioOffloads(bits string) string {
+	names := map[int]string{0: "CSUM", 1: "GUEST_CSUM", 7: "GUEST_TSO4", 8: "GUEST_TSO6", 9: "GUEST_ECN",
+		10: "GUEST_UFO", 11: "HOST_TSO4", 12: "HOST_TSO6", 13: "HOST_ECN", 14: "HOST_UFO"}
+	var set []string
+	for i := 0; i < len(bits) && i <= 14; i++ {
+		if bits[i] == '1' && names[i] != "" {
+			set = append(set, names[i])
+		}
+	}
+	if strings.Trim(bits, "01") != "" || bits == "" {
+		return bits
+	}
+	if len(set) == 0 {
+		return "none"
+	}
+	return strings.Join(set, " ")
 }
