@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
 )
 
 // shimSocketDir is where the shim library (containerd v1.7 runtime/v2/shim)
@@ -84,7 +86,7 @@ func (c *containerd) leftovers(ids []shimID) []string {
 			found = append(found, fmt.Sprintf("containers in namespace %s: %v", ns, s))
 		}
 		bundles := filepath.Join(c.State, "io.containerd.runtime.v2.task", ns)
-		if names := dirNames(bundles); len(names) > 0 {
+		if names := testenv.DirNames(bundles); len(names) > 0 {
 			found = append(found, fmt.Sprintf("task bundles in %s: %v", bundles, names))
 		}
 	}
@@ -104,7 +106,7 @@ func (c *containerd) leftovers(ids []shimID) []string {
 		}
 	}
 	ipam := filepath.Join(c.IPAMDir, cniNetwork)
-	for _, name := range dirNames(ipam) {
+	for _, name := range testenv.DirNames(ipam) {
 		if name != "lock" && !strings.HasPrefix(name, "last_reserved_ip.") {
 			found = append(found, "pod IP still reserved: "+filepath.Join(ipam, name))
 		}
@@ -171,7 +173,7 @@ var shimStateDirs = map[string]bool{"vms": true, "pods": true}
 // top-level directories.
 func stateDirLeftovers(dir string) []string {
 	var found []string
-	for _, name := range dirNames(dir) {
+	for _, name := range testenv.DirNames(dir) {
 		path := filepath.Join(dir, name)
 		fi, err := os.Lstat(path)
 		switch {
@@ -180,7 +182,7 @@ func stateDirLeftovers(dir string) []string {
 		case !shimStateDirs[name] || !fi.IsDir():
 			found = append(found, "shim state "+path)
 		default:
-			for _, sub := range dirNames(path) {
+			for _, sub := range testenv.DirNames(path) {
 				found = append(found, "shim state "+filepath.Join(path, sub))
 			}
 		}
@@ -211,22 +213,6 @@ func numaOwners(path string) ([]string, error) {
 		owners[i] = r.Owner
 	}
 	return owners, nil
-}
-
-// dirNames lists a directory; a missing directory is empty.
-func dirNames(dir string) []string {
-	entries, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return []string{err.Error()}
-	}
-	names := make([]string, len(entries))
-	for i, e := range entries {
-		names[i] = e.Name()
-	}
-	return names
 }
 
 // ownDomains lists this containerd's libvirt domains (see the function
@@ -269,7 +255,7 @@ func (c *containerd) isOwnDomain(domain string, ids []shimID) bool {
 // domains (isOwnDomain).
 func (c *containerd) ownNetfdSockets(ids []shimID) []string {
 	var found []string
-	for _, name := range dirNames(netfdSocketDir) {
+	for _, name := range testenv.DirNames(netfdSocketDir) {
 		if domain, ok := strings.CutSuffix(name, ".sock"); ok && c.isOwnDomain(domain, ids) {
 			found = append(found, filepath.Join(netfdSocketDir, name))
 		}

@@ -170,7 +170,7 @@ func (c *Containerd) Leftovers(ctx context.Context) []string {
 			found = append(found, fmt.Sprintf("containers in namespace %s: %v", ns, ids))
 		}
 		bundles := filepath.Join(c.State, "io.containerd.runtime.v2.task", ns)
-		if names := dirNames(bundles); len(names) > 0 {
+		if names := DirNames(bundles); len(names) > 0 {
 			found = append(found, fmt.Sprintf("task bundles in %s: %v", bundles, names))
 		}
 	}
@@ -179,12 +179,12 @@ func (c *Containerd) Leftovers(ctx context.Context) []string {
 	}
 	for _, d := range shimStateDirs {
 		dir := filepath.Join(c.ShimStateDir, d)
-		for _, name := range dirNames(dir) {
+		for _, name := range DirNames(dir) {
 			found = append(found, "shim state "+filepath.Join(dir, name))
 		}
 	}
 	ipam := filepath.Join(c.IPAMDir, c.CNINetwork)
-	for _, name := range dirNames(ipam) {
+	for _, name := range DirNames(ipam) {
 		if name != "lock" && !strings.HasPrefix(name, "last_reserved_ip.") {
 			found = append(found, "pod IP still reserved: "+filepath.Join(ipam, name))
 		}
@@ -270,8 +270,8 @@ func (c *Containerd) ForceCleanup(ctx context.Context) []string {
 	return removed
 }
 
-// dirNames lists a directory; a missing directory is empty.
-func dirNames(dir string) []string {
+// DirNames lists a directory; a missing directory is empty.
+func DirNames(dir string) []string {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
