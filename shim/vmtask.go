@@ -87,10 +87,12 @@ func vmSettingsFrom(spec *specs.Spec, cfg Config, io stdio) (vmSettings, error) 
 // failure leaves no mount, file or domain behind.
 func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentity, publish func(any)) (_ *vmTask, retErr error) {
 	// Input checks first: nothing is created for a request that is wrong.
+	ph := newPhases()
 	set, err := vmSettingsFrom(r.spec, h.cfg, r.stdio)
 	if err != nil {
 		return nil, err
 	}
+	ph.mark("checks")
 	name := ident.DomainName()
 	if err := takeOverDomainName(h.conn, name, ident.ContainerID); err != nil {
 		return nil, err
@@ -140,6 +142,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		placement, placementJSON = pinning(p), string(b)
 	}
 
+	ph.mark("record_and_numa")
 	rootfs := filepath.Join(r.bundle, "rootfs")
 	if len(r.rootfs) > 0 {
 		if err := os.MkdirAll(rootfs, 0o711); err != nil {
@@ -155,6 +158,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		return nil, err
 	}
 
+	ph.mark("rootfs")
 	if err := os.MkdirAll(vmDir, 0o711); err != nil {
 		return nil, fmt.Errorf("create VM dir: %w", err)
 	}
@@ -198,6 +202,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 			return nil, err
 		}
 	}
+	ph.mark("network")
 	if !set.drive.Disabled {
 		cd, err := buildConfigDrive(ctx, h, ident, vmDir, guestNet, set.drive)
 		if err != nil {
@@ -205,6 +210,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		}
 		spec.ConfigDrive = cd
 	}
+	ph.mark("config_drive")
 	if src.Disk != "" {
 		disk, err := prepareDisk(ctx, h, rootfs, src.Disk, vmDir, rec.Overlay, &undo)
 		if err != nil {
@@ -212,13 +218,14 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		}
 		spec.Disk = disk
 	} else {
-		kernel, err := prepareKernel(rootfs, src, vmDir, set.cmdline)
+		kernel, err := prepareKernel(rootfs, src, vmDir, set.cmdline, &undo)
 		if err != nil {
 			return nil, err
 		}
 		spec.Kernel = kernel
 	}
 
+	ph.mark("disk_or_kernel")
 	domainXML, err := vm.Render(&spec)
 	if err != nil {
 		return nil, err
@@ -227,9 +234,11 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		return nil, err
 	}
 	undo.add(func() { _ = h.conn.Undefine(name) })
+	ph.mark("define")
 
 	log.G(ctx).WithField("vm", name).WithField("accel", h.accel).
-		WithField("vcpus", set.vcpus).WithField("memoryMiB", set.memMiB).Info("defined VM")
+		WithField("vcpus", set.vcpus).WithField("memoryMiB", set.memMiB).
+		WithField("took", ph.String()).Info("defined VM")
 	return &vmTask{proc: newProc(r.id, r.bundle, r.stdio), h: h, rec: rec, publish: publish, fdServer: fdServer}, nil
 }
 
@@ -281,29 +290,58 @@ func prepareDisk(ctx context.Context, h *host, rootfs, image, vmDir, overlay str
 	return &vm.Disk{Path: overlay, Format: "qcow2"}, nil
 }
 
-// prepareKernel copies the kernel and initrd out of the rootfs (they are
-// small) so libvirt's labelling never touches the image's files.
-func prepareKernel(rootfs string, src vm.BootSource, vmDir, cmdline string) (*vm.Kernel, error) {
-	k := &vm.Kernel{Path: filepath.Join(vmDir, "vmlinuz"), Cmdline: cmdline}
-	if err := copyFromRootfs(rootfs, src.Kernel, k.Path); err != nil {
+// prepareKernel makes the kernel and initrd of the rootfs readable to QEMU
+// inside the VM dir, where libvirt's labelling never touches the image's
+// files.
+func prepareKernel(rootfs string, src vm.BootSource, vmDir, cmdline string, undo *rollback) (*vm.Kernel, error) {
+	k := &vm.Kernel{Path: filepath.Join(vmDir, kernelFile), Cmdline: cmdline}
+	if err := exposeFromRootfs(rootfs, src.Kernel, k.Path, undo); err != nil {
 		return nil, err
 	}
 	if src.Initrd != "" {
-		k.Initrd = filepath.Join(vmDir, "initrd")
-		if err := copyFromRootfs(rootfs, src.Initrd, k.Initrd); err != nil {
+		k.Initrd = filepath.Join(vmDir, initrdFile)
+		if err := exposeFromRootfs(rootfs, src.Initrd, k.Initrd, undo); err != nil {
 			return nil, err
 		}
 	}
 	return k, nil
 }
 
-func copyFromRootfs(rootfs, p, dst string) error {
+// Names of the files in a VM dir that may be read-only bind mounts of
+// files in the container rootfs; the base disk image is "base.<ext>".
+const (
+	kernelFile = "vmlinuz"
+	initrdFile = "initrd"
+)
+
+// exposeFromRootfs puts the rootfs file p at dst. A file every user may
+// read is bind-mounted read-only: no copy per VM, and the page cache holds
+// the kernel once for all VMs of an image. Others are copied, since QEMU
+// runs as its own user.
+func exposeFromRootfs(rootfs, p, dst string, undo *rollback) error {
 	f, err := vm.OpenInRootfs(rootfs, p)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	return vm.CopyFile(f, dst)
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("%s in the container image: %w", p, err)
+	}
+	if st.Mode().Perm()&0o004 == 0 {
+		return vm.CopyFile(f, dst)
+	}
+	if err := vm.MountReadOnly(f, dst); err != nil {
+		return err
+	}
+	undo.add(func() { _ = vm.Unmount(dst) })
+	return nil
+}
+
+// readOnlyMounts lists the places in vmDir that may be bind mounts.
+func readOnlyMounts(vmDir string) []string {
+	bases, _ := filepath.Glob(filepath.Join(vmDir, "base.*"))
+	return append(bases, filepath.Join(vmDir, kernelFile), filepath.Join(vmDir, initrdFile))
 }
 
 func (t *vmTask) start(ctx context.Context) (int, error) {
@@ -316,6 +354,7 @@ func (t *vmTask) start(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	ph := newPhases()
 	name := t.rec.Domain
 	// Start with vCPUs stopped and attach to the console first, so the
 	// first line the guest prints reaches stdout.
@@ -323,16 +362,19 @@ func (t *vmTask) start(ctx context.Context) (int, error) {
 		closeAll(in, out)
 		return 0, err
 	}
+	ph.mark("libvirt_create")
 	c, err := attachConsole(ctx, filepath.Join(t.rec.VMDir, "console.sock"), in, out)
 	if err != nil {
 		_ = t.h.conn.Destroy(name)
 		closeAll(in, out)
 		return 0, err
 	}
+	ph.mark("console")
 	pid, err := t.h.conn.PID(name)
 	if err == nil {
 		err = t.h.conn.Resume(name)
 	}
+	ph.mark("resume")
 	if err != nil {
 		_ = t.h.conn.Destroy(name)
 		c.close()
@@ -343,6 +385,7 @@ func (t *vmTask) start(ctx context.Context) (int, error) {
 	if err := writeRecord(t.bundle, &t.rec); err != nil {
 		log.G(ctx).WithError(err).WithField("vm", name).Warn("update task record")
 	}
+	log.G(ctx).WithField("vm", name).WithField("pid", pid).WithField("took", ph.String()).Info("started VM")
 	return pid, nil
 }
 
@@ -543,9 +586,8 @@ func releaseVM(ctx context.Context, conn domains, rec *taskRecord, bundle string
 	errs = append(errs, teardownNetwork(rec.Network))
 	errs = append(errs, releaseNUMA(rec))
 	if rec.VMDir != "" {
-		bases, _ := filepath.Glob(filepath.Join(rec.VMDir, "base.*"))
 		unmounted := true
-		for _, b := range bases {
+		for _, b := range readOnlyMounts(rec.VMDir) {
 			if err := vm.Unmount(b); err != nil {
 				errs = append(errs, err)
 				unmounted = false

@@ -82,7 +82,17 @@ func (f *vmFixture) create(ann map[string]string) (*vmTask, error) {
 		spec.Annotations = map[string]string{}
 	}
 	ident := vmIdentity{Namespace: "default", ContainerID: "vm1"}
-	return createVMTask(context.Background(), f.host, createRequest{id: "vm1", bundle: f.bundle, spec: spec}, ident, f.events.publish)
+	vt, err := createVMTask(context.Background(), f.host, createRequest{id: "vm1", bundle: f.bundle, spec: spec}, ident, f.events.publish)
+	if err == nil {
+		// Tests that never delete the task must not leave bind mounts
+		// under their temp dirs.
+		f.t.Cleanup(func() {
+			for _, m := range readOnlyMounts(vt.rec.VMDir) {
+				_ = vm.Unmount(m)
+			}
+		})
+	}
+	return vt, err
 }
 
 func (f *vmFixture) started() *vmTask {
@@ -283,23 +293,65 @@ func TestCreateVMTaskBadInputLeavesNothing(t *testing.T) {
 func TestCreateVMTaskDirectKernel(t *testing.T) {
 	f := newVMFixture(t)
 	f.kernelRootfs()
+	// An initrd only root may read is copied, a world-readable kernel
+	// bind-mounted read-only.
+	if err := os.Chmod(filepath.Join(f.bundle, "rootfs/boot/initrd.img"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	vt, err := f.create(map[string]string{AnnotationKernelCmdline: "console=ttyS0 quiet", AnnotationVCPUs: "2"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	kernel, initrd := filepath.Join(vt.rec.VMDir, "vmlinuz"), filepath.Join(vt.rec.VMDir, "initrd")
 	x := f.fake.doms[vt.rec.Domain].xml
-	for _, want := range []string{"<cmdline>console=ttyS0 quiet</cmdline>", `<vcpu placement="static">2</vcpu>`, "<container-id>vm1</container-id>", filepath.Join(vt.rec.VMDir, "vmlinuz")} {
+	for _, want := range []string{"<cmdline>console=ttyS0 quiet</cmdline>", `<vcpu placement="static">2</vcpu>`, "<container-id>vm1</container-id>", kernel, initrd} {
 		if !strings.Contains(x, want) {
 			t.Errorf("domain XML lacks %s:\n%s", want, x)
 		}
 	}
-	if b, err := os.ReadFile(filepath.Join(vt.rec.VMDir, "initrd")); err != nil || string(b) != "boot/initrd.img" {
-		t.Errorf("initrd copy: %q, %v", b, err)
+	for p, want := range map[string]string{kernel: "boot/vmlinuz", initrd: "boot/initrd.img"} {
+		if b, err := os.ReadFile(p); err != nil || string(b) != want {
+			t.Errorf("%s: %q, %v", p, b, err)
+		}
+	}
+	if !isMountPoint(t, kernel) {
+		t.Errorf("kernel %s is not a read-only bind mount", kernel)
+	}
+	if err := unix.Access(kernel, unix.W_OK); err != unix.EROFS {
+		t.Errorf("kernel %s writable: access(W_OK) = %v, want EROFS", kernel, err)
+	}
+	if isMountPoint(t, initrd) {
+		t.Errorf("initrd %s (mode 0600 in the image) was mounted, not copied", initrd)
+	}
+	if st, err := os.Stat(initrd); err != nil || st.Mode().Perm() != 0o644 {
+		t.Errorf("initrd copy: %v, %v; want mode 0644 for QEMU's user", st, err)
 	}
 	rec, err := readRecord(f.bundle)
 	if err != nil || rec == nil || rec.Domain != vt.rec.Domain {
 		t.Errorf("record %+v, %v", rec, err)
 	}
+	if err := vt.delete(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if isMountPoint(t, kernel) {
+		t.Errorf("kernel still mounted after delete")
+	}
+	assertGone(t, vt.rec.VMDir)
+}
+
+// isMountPoint reports whether p is a mount point of this process.
+func isMountPoint(t *testing.T, p string) bool {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && f[4] == p {
+			return true
+		}
+	}
+	return false
 }
 
 func assertGone(t *testing.T, paths ...string) {
@@ -308,5 +360,18 @@ func assertGone(t *testing.T, paths ...string) {
 		if _, err := os.Stat(p); err == nil {
 			t.Errorf("%s still exists", p)
 		}
+	}
+}
+
+func TestPhasesString(t *testing.T) {
+	p := newPhases()
+	p.start = p.start.Add(-3 * time.Millisecond)
+	p.last = p.start
+	p.last = p.last.Add(time.Millisecond) // pretend "a" took 1 ms, and so on
+	p.steps = append(p.steps, "a=1.0ms")
+	p.mark("b")
+	got := p.String()
+	if !strings.HasPrefix(got, "a=1.0ms b=") || !strings.Contains(got, " total=") {
+		t.Fatalf("phases: %q", got)
 	}
 }

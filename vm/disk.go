@@ -116,8 +116,8 @@ func EnsureOverlay(ctx context.Context, qemuImg, base, baseFormat, overlay strin
 }
 
 // CopyFile copies the open file f to a new file dst readable by QEMU. Used
-// for kernels and initrds, which are small, so that libvirt's labelling of
-// them never touches the container rootfs.
+// for kernels and initrds that QEMU's user may not read where they are, so
+// that libvirt's labelling of them never touches the container rootfs.
 func CopyFile(f *os.File, dst string) (retErr error) {
 	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {

@@ -1,0 +1,33 @@
+package shim
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// phases times the steps of a Create or Start for the log line that ends
+// it, so that where the start-up time goes can be read from any node's
+// containerd log.
+type phases struct {
+	last  time.Time
+	start time.Time
+	steps []string
+}
+
+func newPhases() *phases {
+	now := time.Now()
+	return &phases{last: now, start: now}
+}
+
+// mark ends the step called name.
+func (p *phases) mark(name string) {
+	now := time.Now()
+	p.steps = append(p.steps, fmt.Sprintf("%s=%.1fms", name, float64(now.Sub(p.last).Microseconds())/1000))
+	p.last = now
+}
+
+// String lists the steps and the total, e.g. "mount=0.4ms define=2.9ms total=3.3ms".
+func (p *phases) String() string {
+	return strings.Join(append(p.steps, fmt.Sprintf("total=%.1fms", float64(p.last.Sub(p.start).Microseconds())/1000)), " ")
+}
