@@ -179,14 +179,15 @@ func (c *Containerd) writeConfigs(shimExtra string) error {
 	files := []struct {
 		path string
 		tmpl *template.Template
+		data any
 	}{
-		{c.ConfigPath, c.Flavour.config},
-		{filepath.Join(c.CNIConfDir, "10-testenv.conflist"), cniTemplate},
-		{c.ShimConfigPath, shimHeadTemplate},
+		{c.ConfigPath, configTemplate, c.configData()},
+		{filepath.Join(c.CNIConfDir, "10-testenv.conflist"), cniTemplate, c},
+		{c.ShimConfigPath, shimHeadTemplate, c},
 	}
 	for _, f := range files {
 		var b bytes.Buffer
-		if err := f.tmpl.Execute(&b, c); err != nil {
+		if err := f.tmpl.Execute(&b, f.data); err != nil {
 			return fmt.Errorf("render %s: %w", f.path, err)
 		}
 		if f.path == c.ShimConfigPath && shimExtra != "" {

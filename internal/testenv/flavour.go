@@ -13,19 +13,21 @@ type Flavour struct {
 	Containerd string // the daemon binary
 	Ctr        string // ctr of the same release
 
-	config *template.Template
+	// configVersion is the version of the daemon's config: 2 for 1.6, 3
+	// for 2.x. It selects the layout of the one config template.
+	configVersion int
 }
 
 var flavours = map[string]Flavour{
 	"1.6": {
 		Name: "1.6", Containerd: "/usr/bin/containerd", Ctr: "/usr/bin/ctr",
-		config: configV2Template,
+		configVersion: 2,
 	},
 	"2.x": {
-		Name:       "2.x",
-		Containerd: "/usr/local/lib/kvm-shim/containerd-v2.2.1/bin/containerd",
-		Ctr:        "/usr/local/lib/kvm-shim/containerd-v2.2.1/bin/ctr",
-		config:     configV3Template,
+		Name:          "2.x",
+		Containerd:    "/usr/local/lib/kvm-shim/containerd-v2.2.1/bin/containerd",
+		Ctr:           "/usr/local/lib/kvm-shim/containerd-v2.2.1/bin/ctr",
+		configVersion: 3,
 	},
 }
 
@@ -48,62 +50,23 @@ func FlavourNames() []string {
 	return names
 }
 
-// Both configs set restrict_oom_score_adj: this kernel refuses negative
+// The config sets restrict_oom_score_adj: this kernel refuses negative
 // oom_score_adj values, and CRI gives sandboxes -998, which made runc fail
-// with "can't get final child's PID from pipe: EOF". Both declare the runc
+// with "can't get final child's PID from pipe: EOF". It declares the runc
 // runtime: containerd 1.6's CRI refuses to load when a config declares
 // runtimes.kvm without the default runtime.
 
-// configV2 is the config of containerd 1.6 (config version 2).
-const configV2 = `version = 2
+// config is the daemon's config, rendered with configData. Version 2
+// (containerd 1.6) keeps all of CRI in io.containerd.grpc.v1.cri; version 3
+// (containerd 2.x) splits it into io.containerd.cri.v1.images (the sandbox
+// image) and io.containerd.cri.v1.runtime (cni and runtimes), leaving only
+// the streaming server in io.containerd.grpc.v1.cri.
+const config = `version = {{.ConfigVersion}}
 root = {{q .Root}}
 state = {{q .State}}
-
-[grpc]
-  address = {{q .Address}}
-
-[ttrpc]
-  address = {{q .TTRPCAddress}}
-
-[debug]
-  level = {{q .LogLevel}}
-
-[plugins]
-  [plugins."io.containerd.internal.v1.opt"]
-    path = {{q .Opt}}
-
-  [plugins."io.containerd.grpc.v1.cri"]
-    sandbox_image = {{q .SandboxImage}}
-    restrict_oom_score_adj = true
-    stream_server_address = "127.0.0.1"
-    stream_server_port = "0"
-
-    [plugins."io.containerd.grpc.v1.cri".cni]
-      bin_dir = {{q .CNIBinDir}}
-      conf_dir = {{q .CNIConfDir}}
-      max_conf_num = 1
-
-    [plugins."io.containerd.grpc.v1.cri".containerd]
-      default_runtime_name = "runc"
-
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-        runtime_type = "io.containerd.runc.v2"
-
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.kvm]
-        runtime_type = "io.containerd.kvm.v1"
-        pod_annotations = ["kvm.containerd.io/*"]
-        container_annotations = ["kvm.containerd.io/*"]
-
-        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.kvm.options]
-          ConfigPath = {{q .ShimConfigPath}}
-`
-
-// configV3 is the config of containerd 2.x (config version 3), where CRI is
-// split into io.containerd.cri.v1.images and io.containerd.cri.v1.runtime.
-const configV3 = `version = 3
-root = {{q .Root}}
-state = {{q .State}}
+{{- if eq .ConfigVersion 3}}
 imports = []
+{{- end}}
 
 [grpc]
   address = {{q .Address}}
@@ -117,13 +80,20 @@ imports = []
 [plugins]
   [plugins."io.containerd.internal.v1.opt"]
     path = {{q .Opt}}
+{{- if eq .ConfigVersion 3}}
 
   [plugins."io.containerd.nri.v1.nri"]
     disable = true
+{{- end}}
 
   [plugins."io.containerd.grpc.v1.cri"]
+{{- if eq .ConfigVersion 2}}
+    sandbox_image = {{q .SandboxImage}}
+    restrict_oom_score_adj = true
+{{- end}}
     stream_server_address = "127.0.0.1"
     stream_server_port = "0"
+{{- if eq .ConfigVersion 3}}
 
   [plugins."io.containerd.cri.v1.images"]
     [plugins."io.containerd.cri.v1.images".pinned_images]
@@ -132,26 +102,49 @@ imports = []
   [plugins."io.containerd.cri.v1.runtime"]
     netns_mounts_under_state_dir = true
     restrict_oom_score_adj = true
+{{- end}}
 
-    [plugins."io.containerd.cri.v1.runtime".cni]
+    [{{.CRIRuntime}}.cni]
+{{- if eq .ConfigVersion 2}}
+      bin_dir = {{q .CNIBinDir}}
+{{- else}}
       bin_dirs = [{{q .CNIBinDir}}]
+{{- end}}
       conf_dir = {{q .CNIConfDir}}
       max_conf_num = 1
 
-    [plugins."io.containerd.cri.v1.runtime".containerd]
+    [{{.CRIRuntime}}.containerd]
       default_runtime_name = "runc"
 
-      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      [{{.CRIRuntime}}.containerd.runtimes.runc]
         runtime_type = "io.containerd.runc.v2"
 
-      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.kvm]
+      [{{.CRIRuntime}}.containerd.runtimes.kvm]
         runtime_type = "io.containerd.kvm.v1"
         pod_annotations = ["kvm.containerd.io/*"]
         container_annotations = ["kvm.containerd.io/*"]
 
-        [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.kvm.options]
+        [{{.CRIRuntime}}.containerd.runtimes.kvm.options]
           ConfigPath = {{q .ShimConfigPath}}
 `
+
+// configData is what the config template sees: the daemon, and its
+// flavour's config version and the plugin of CRI's cni and runtimes.
+type configData struct {
+	*Containerd
+	ConfigVersion int
+	CRIRuntime    string
+}
+
+func (c *Containerd) configData() configData {
+	d := configData{Containerd: c, ConfigVersion: c.Flavour.configVersion}
+	if d.ConfigVersion == 2 {
+		d.CRIRuntime = `plugins."io.containerd.grpc.v1.cri"`
+	} else {
+		d.CRIRuntime = `plugins."io.containerd.cri.v1.runtime"`
+	}
+	return d
+}
 
 // cniConfList is the private pod network: a bridge on this machine only,
 // addresses from host-local.
@@ -189,6 +182,5 @@ var funcs = template.FuncMap{"q": func(s string) string { return fmt.Sprintf("%q
 var (
 	cniTemplate      = template.Must(template.New("cni").Funcs(funcs).Parse(cniConfList))
 	shimHeadTemplate = template.Must(template.New("shim").Funcs(funcs).Parse(shimConfigHead))
-	configV2Template = template.Must(template.New("1.6").Funcs(funcs).Parse(configV2))
-	configV3Template = template.Must(template.New("2.x").Funcs(funcs).Parse(configV3))
+	configTemplate   = template.Must(template.New("config").Funcs(funcs).Parse(config))
 )
