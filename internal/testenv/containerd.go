@@ -47,6 +47,12 @@ type Options struct {
 	// Bridge and Subnet name the private CNI network, e.g. "kvmbench0" and
 	// "10.89.20.0/24". Pick names no other user of this host picks.
 	Bridge, Subnet string
+	// CNINetwork is the CNI network's name; "" means "testenv-" + Bridge.
+	CNINetwork string
+	// DefaultGateway makes the bridge the pods' default gateway (CNI
+	// bridge isDefaultGateway), as on a node where pods have a default
+	// route.
+	DefaultGateway bool
 	// CNIBinDir holds the CNI plugins; "" means DefaultCNIBinDir.
 	CNIBinDir string
 	// LogLevel is containerd's log level; "" means "info".
@@ -54,6 +60,11 @@ type Options struct {
 	// StartTimeout bounds the wait for the daemon and CRI to be ready; 0
 	// means one minute.
 	StartTimeout time.Duration
+	// MountSetup, when set, is a shell script run in a mount namespace of
+	// the daemon's own (unshare --mount, private propagation) before it
+	// execs containerd: the daemon and every shim it starts see what the
+	// script changed (e.g. a broken /dev/net/tun); the host does not.
+	MountSetup string
 }
 
 // Containerd is one private daemon started by Start.
@@ -77,7 +88,9 @@ type Containerd struct {
 	IPAMDir        string
 	Bridge         string
 	Subnet         string
+	DefaultGateway bool
 	LogLevel       string
+	MountSetup     string
 
 	cmd     *exec.Cmd
 	exited  chan struct{} // closed once the process is reaped
@@ -99,33 +112,7 @@ func Start(ctx context.Context, f Flavour, o Options) (*Containerd, error) {
 			return nil, fmt.Errorf("containerd %s: %w (hack/setup-host.sh installs it)", f.Name, err)
 		}
 	}
-	c := &Containerd{
-		Flavour:        f,
-		Dir:            o.Dir,
-		Root:           filepath.Join(o.Dir, "root"),
-		State:          filepath.Join(o.Dir, "state"),
-		Opt:            filepath.Join(o.Dir, "opt"),
-		Address:        filepath.Join(o.Dir, "containerd.sock"),
-		TTRPCAddress:   filepath.Join(o.Dir, "containerd.sock.ttrpc"),
-		ConfigPath:     filepath.Join(o.Dir, "config.toml"),
-		LogPath:        filepath.Join(o.Dir, "containerd.log"),
-		ShimConfigPath: filepath.Join(o.Dir, "kvm-shim.toml"),
-		ShimStateDir:   filepath.Join(o.Dir, "shim-state"),
-		SandboxImage:   o.SandboxImage,
-		CNIBinDir:      o.CNIBinDir,
-		CNIConfDir:     filepath.Join(o.Dir, "cni", "net.d"),
-		CNINetwork:     "testenv-" + o.Bridge,
-		IPAMDir:        filepath.Join(o.Dir, "cni", "ipam"),
-		Bridge:         o.Bridge,
-		Subnet:         o.Subnet,
-		LogLevel:       o.LogLevel,
-	}
-	if c.CNIBinDir == "" {
-		c.CNIBinDir = DefaultCNIBinDir
-	}
-	if c.LogLevel == "" {
-		c.LogLevel = "info"
-	}
+	c := newContainerd(f, o)
 	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -144,7 +131,12 @@ func Start(ctx context.Context, f Flavour, o Options) (*Containerd, error) {
 		return nil, err
 	}
 	defer logf.Close()
-	c.cmd = exec.Command(f.Containerd, "--config", c.ConfigPath)
+	argv := []string{f.Containerd, "--config", c.ConfigPath}
+	if c.MountSetup != "" {
+		argv = append([]string{"unshare", "--mount", "--propagation", "private",
+			"sh", "-euc", c.MountSetup + "\nexec \"$@\"", "sh"}, argv...)
+	}
+	c.cmd = exec.Command(argv[0], argv[1:]...)
 	c.cmd.Stdout, c.cmd.Stderr = logf, logf
 	path := os.Getenv("PATH")
 	if o.PathPrefix != "" {
@@ -173,6 +165,43 @@ func Start(ctx context.Context, f Flavour, o Options) (*Containerd, error) {
 		return c, fmt.Errorf("containerd %s did not get ready: %w\nlog tail:\n%s", f.Name, err, c.LogTail(0, 40))
 	}
 	return c, nil
+}
+
+// newContainerd lays out the daemon o describes; it creates nothing.
+func newContainerd(f Flavour, o Options) *Containerd {
+	c := &Containerd{
+		Flavour:        f,
+		Dir:            o.Dir,
+		Root:           filepath.Join(o.Dir, "root"),
+		State:          filepath.Join(o.Dir, "state"),
+		Opt:            filepath.Join(o.Dir, "opt"),
+		Address:        filepath.Join(o.Dir, "containerd.sock"),
+		TTRPCAddress:   filepath.Join(o.Dir, "containerd.sock.ttrpc"),
+		ConfigPath:     filepath.Join(o.Dir, "config.toml"),
+		LogPath:        filepath.Join(o.Dir, "containerd.log"),
+		ShimConfigPath: filepath.Join(o.Dir, "kvm-shim.toml"),
+		ShimStateDir:   filepath.Join(o.Dir, "shim-state"),
+		SandboxImage:   o.SandboxImage,
+		CNIBinDir:      o.CNIBinDir,
+		CNIConfDir:     filepath.Join(o.Dir, "cni", "net.d"),
+		CNINetwork:     o.CNINetwork,
+		IPAMDir:        filepath.Join(o.Dir, "cni", "ipam"),
+		Bridge:         o.Bridge,
+		Subnet:         o.Subnet,
+		DefaultGateway: o.DefaultGateway,
+		LogLevel:       o.LogLevel,
+		MountSetup:     o.MountSetup,
+	}
+	if c.CNIBinDir == "" {
+		c.CNIBinDir = DefaultCNIBinDir
+	}
+	if c.CNINetwork == "" {
+		c.CNINetwork = "testenv-" + o.Bridge
+	}
+	if c.LogLevel == "" {
+		c.LogLevel = "info"
+	}
+	return c
 }
 
 func (c *Containerd) writeConfigs(shimExtra string) error {
@@ -245,9 +274,10 @@ func (c *Containerd) Pid() int {
 }
 
 // Stop ends the daemon (SIGTERM, then SIGKILL after 30 s), then kills and
-// reports shim processes still serving it, unmounts what is left below Dir
-// and deletes the CNI bridge. It does not remove Dir: the caller decides
-// whether logs are kept. Errors list what had to be cleaned up.
+// reports shim processes still serving it, reports and unmounts what is
+// left mounted below Dir and deletes the CNI bridge. It does not remove
+// Dir: the caller decides whether logs are kept. Errors list what had to be
+// cleaned up.
 func (c *Containerd) Stop() error {
 	var errs []error
 	if c.cmd != nil && c.cmd.Process != nil {
@@ -268,6 +298,9 @@ func (c *Containerd) Stop() error {
 	for _, p := range c.ShimProcesses() {
 		errs = append(errs, fmt.Errorf("containerd %s: leftover shim process %d: %s", c.Flavour.Name, p.Pid, p.Cmdline))
 		_ = syscall.Kill(p.Pid, syscall.SIGKILL)
+	}
+	for _, m := range MountsUnder(c.Dir) {
+		errs = append(errs, fmt.Errorf("containerd %s: leftover mount %s", c.Flavour.Name, m))
 	}
 	if err := UnmountAll(c.Dir); err != nil {
 		errs = append(errs, err)

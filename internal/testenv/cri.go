@@ -40,12 +40,15 @@ func (c *Containerd) DialCRI() (*CRI, error) {
 // Close closes the connection.
 func (cl *CRI) Close() error { return cl.conn.Close() }
 
-// WaitReady polls until CRI answers Status with the runtime and the
-// network (the CNI config is loaded) ready.
+// WaitReady polls until CRI answers Version, and Status with the runtime
+// and the network (the CNI config is loaded) ready.
 func (cl *CRI) WaitReady(ctx context.Context) error {
 	return Poll(ctx, 100*time.Millisecond, func() (bool, string) {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
+		if _, err := cl.Runtime.Version(cctx, &cri.VersionRequest{}); err != nil {
+			return false, "CRI Version: " + err.Error()
+		}
 		st, err := cl.Runtime.Status(cctx, &cri.StatusRequest{})
 		if err != nil {
 			return false, "CRI Status: " + err.Error()

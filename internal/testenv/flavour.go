@@ -147,7 +147,8 @@ func (c *Containerd) configData() configData {
 }
 
 // cniConfList is the private pod network: a bridge on this machine only,
-// addresses from host-local.
+// addresses from host-local; the bridge is the pods' default gateway with
+// Options.DefaultGateway.
 const cniConfList = `{
   "cniVersion": "1.0.0",
   "name": {{q .CNINetwork}},
@@ -156,6 +157,9 @@ const cniConfList = `{
       "type": "bridge",
       "bridge": {{q .Bridge}},
       "isGateway": true,
+{{- if .DefaultGateway}}
+      "isDefaultGateway": true,
+{{- end}}
       "ipMasq": false,
       "ipam": {
         "type": "host-local",

@@ -23,9 +23,9 @@ type Process struct {
 	Cmdline string
 }
 
-// ShimProcesses lists the containerd-shim-* processes that serve this
-// daemon, recognised by their -address argument.
-func (c *Containerd) ShimProcesses() []Process {
+// ProcessesMatching lists the live processes whose argv (never empty)
+// satisfies match.
+func ProcessesMatching(match func(args []string) bool) []Process {
 	entries, _ := os.ReadDir("/proc")
 	var procs []Process
 	for _, e := range entries {
@@ -38,11 +38,17 @@ func (c *Containerd) ShimProcesses() []Process {
 			continue
 		}
 		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
-		if isShimOf(args, c.Address) {
+		if match(args) {
 			procs = append(procs, Process{Pid: pid, Cmdline: strings.Join(args, " ")})
 		}
 	}
 	return procs
+}
+
+// ShimProcesses lists the containerd-shim-* processes that serve this
+// daemon, recognised by their -address argument.
+func (c *Containerd) ShimProcesses() []Process {
+	return ProcessesMatching(func(args []string) bool { return isShimOf(args, c.Address) })
 }
 
 // isShimOf reports whether args are a containerd shim's serving address.
@@ -106,6 +112,16 @@ func unescapeMountinfo(s string) string {
 	return b.String()
 }
 
+// Mounts lists the mount points at or below dir that the daemon and its
+// shims see: in the daemon's own mount namespace while it runs with
+// Options.MountSetup, else in this process's.
+func (c *Containerd) Mounts(dir string) []string {
+	if c.MountSetup != "" && c.Pid() != 0 && !c.Exited() {
+		return MountsUnderIn(fmt.Sprintf("/proc/%d/mountinfo", c.Pid()), dir)
+	}
+	return MountsUnder(dir)
+}
+
 // UnmountAll unmounts everything at or below dir, deepest first.
 func UnmountAll(dir string) error {
 	var errs []error
@@ -151,14 +167,58 @@ func DomainsMentioning(l *libvirt.Libvirt, dir string) ([]string, error) {
 	return own, nil
 }
 
-// shimStateDirs are the top-level directories the kvm shim keeps for its
-// whole life; per-VM and per-pod directories below them must be gone once
-// everything is deleted.
-var shimStateDirs = []string{"vms", "pods"}
+// Domains lists this daemon's libvirt domains: those that mention its
+// shim's state_dir (DomainsMentioning).
+func (c *Containerd) Domains() ([]string, error) {
+	l, err := ConnectLibvirt()
+	if err != nil {
+		return nil, err
+	}
+	defer l.Disconnect()
+	return DomainsMentioning(l, c.ShimStateDir)
+}
+
+// shimStateDirs are the top-level directories the kvm shim keeps in its
+// state_dir for its whole life (shim/naming.go layout): vms/<domain>/ and
+// pods/<pod uid>/ live below them and must be gone once everything is
+// deleted.
+var shimStateDirs = map[string]bool{"vms": true, "pods": true}
+
+// StateDirLeftovers lists what the kvm shim's state_dir holds beyond its
+// empty top-level directories: per-VM or per-pod directories, and any
+// other file, socket or link.
+func StateDirLeftovers(dir string) []string {
+	var found []string
+	for _, name := range DirNames(dir) {
+		path := filepath.Join(dir, name)
+		fi, err := os.Lstat(path)
+		switch {
+		case err != nil:
+			found = append(found, err.Error())
+		case !shimStateDirs[name] || !fi.IsDir():
+			found = append(found, "shim state "+path)
+		default:
+			for _, sub := range DirNames(path) {
+				found = append(found, "shim state "+filepath.Join(path, sub))
+			}
+		}
+	}
+	return found
+}
+
+// leftoverDomain starts the Leftovers entry of a libvirt domain.
+const leftoverDomain = "libvirt domain "
+
+// LeftoverDomain returns the domain a Leftovers entry reports, if it
+// reports one.
+func LeftoverDomain(entry string) (name string, ok bool) {
+	return strings.CutPrefix(entry, leftoverDomain)
+}
 
 // Leftovers lists what should not exist once every container and pod of
-// this daemon is deleted: containers, task bundles, mounts below Dir, VM or
-// pod directories in the shim's state_dir, libvirt domains of this shim,
+// this daemon is deleted: containers, task bundles, mounts below Dir (as
+// the daemon sees them), anything in the shim's state_dir beyond its empty
+// top-level directories (StateDirLeftovers), libvirt domains of this shim,
 // reserved pod IPs and shim processes.
 func (c *Containerd) Leftovers(ctx context.Context) []string {
 	var found []string
@@ -174,32 +234,22 @@ func (c *Containerd) Leftovers(ctx context.Context) []string {
 			found = append(found, fmt.Sprintf("task bundles in %s: %v", bundles, names))
 		}
 	}
-	for _, m := range MountsUnder(c.Dir) {
+	for _, m := range c.Mounts(c.Dir) {
 		found = append(found, "mount "+m)
 	}
-	for _, d := range shimStateDirs {
-		dir := filepath.Join(c.ShimStateDir, d)
-		for _, name := range DirNames(dir) {
-			found = append(found, "shim state "+filepath.Join(dir, name))
-		}
-	}
+	found = append(found, StateDirLeftovers(c.ShimStateDir)...)
 	ipam := filepath.Join(c.IPAMDir, c.CNINetwork)
 	for _, name := range DirNames(ipam) {
 		if name != "lock" && !strings.HasPrefix(name, "last_reserved_ip.") {
 			found = append(found, "pod IP still reserved: "+filepath.Join(ipam, name))
 		}
 	}
-	if l, err := ConnectLibvirt(); err != nil {
+	doms, err := c.Domains()
+	if err != nil {
 		found = append(found, err.Error())
-	} else {
-		doms, err := DomainsMentioning(l, c.ShimStateDir)
-		if err != nil {
-			found = append(found, err.Error())
-		}
-		for _, d := range doms {
-			found = append(found, "libvirt domain "+d)
-		}
-		_ = l.Disconnect()
+	}
+	for _, d := range doms {
+		found = append(found, leftoverDomain+d)
 	}
 	for _, p := range c.ShimProcesses() {
 		found = append(found, fmt.Sprintf("shim process %d: %s", p.Pid, p.Cmdline))

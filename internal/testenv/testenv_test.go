@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 
@@ -19,13 +20,9 @@ func TestConfigsRender(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			dir := t.TempDir()
-			c := &Containerd{
-				Flavour: f, Dir: dir, Root: dir + "/root", State: dir + "/state", Opt: dir + "/opt",
-				Address: dir + "/c.sock", TTRPCAddress: dir + "/c.sock.ttrpc", ConfigPath: dir + "/config.toml",
-				ShimConfigPath: dir + "/kvm-shim.toml", ShimStateDir: dir + "/shim-state",
-				SandboxImage: "localhost/pause:1", CNIBinDir: DefaultCNIBinDir, CNIConfDir: dir,
-				CNINetwork: "testenv-br0", IPAMDir: dir + "/ipam", Bridge: "br0", Subnet: "10.1.2.0/24", LogLevel: "info",
+			c := newContainerd(f, Options{Dir: t.TempDir(), SandboxImage: "localhost/pause:1", Bridge: "br0", Subnet: "10.1.2.0/24"})
+			if err := os.MkdirAll(c.CNIConfDir, 0o755); err != nil {
+				t.Fatal(err)
 			}
 			if err := c.writeConfigs("accel = \"tcg\"\ndefault_memory_mib = 128\n"); err != nil {
 				t.Fatal(err)
@@ -46,13 +43,47 @@ func TestConfigsRender(t *testing.T) {
 			if shim["state_dir"] != c.ShimStateDir || shim["accel"] != "tcg" {
 				t.Errorf("shim config = %v", shim)
 			}
-			var cni map[string]any
-			b, _ = os.ReadFile(filepath.Join(dir, "10-testenv.conflist"))
-			if err := json.Unmarshal(b, &cni); err != nil {
-				t.Fatalf("CNI config is not JSON: %v\n%s", err, b)
+			if cni := readCNI(t, c); cni.Name != "testenv-br0" || cni.Plugins[0].IsDefaultGateway {
+				t.Errorf("CNI config with default options: name %q, isDefaultGateway %v", cni.Name, cni.Plugins[0].IsDefaultGateway)
 			}
 		})
 	}
+}
+
+func TestCNIOptions(t *testing.T) {
+	f, _ := LookupFlavour("1.6")
+	c := newContainerd(f, Options{Dir: t.TempDir(), SandboxImage: "localhost/pause:1", Bridge: "br0", Subnet: "10.1.2.0/24",
+		CNINetwork: "net0", DefaultGateway: true})
+	if err := os.MkdirAll(c.CNIConfDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.writeConfigs(""); err != nil {
+		t.Fatal(err)
+	}
+	if cni := readCNI(t, c); cni.Name != "net0" || !cni.Plugins[0].IsDefaultGateway {
+		t.Errorf("CNI config: name %q, isDefaultGateway %v; want net0, true", cni.Name, cni.Plugins[0].IsDefaultGateway)
+	}
+}
+
+type cniConf struct {
+	Name    string
+	Plugins []struct {
+		Type             string
+		IsDefaultGateway bool
+	}
+}
+
+func readCNI(t *testing.T, c *Containerd) cniConf {
+	t.Helper()
+	var cni cniConf
+	b, _ := os.ReadFile(filepath.Join(c.CNIConfDir, "10-testenv.conflist"))
+	if err := json.Unmarshal(b, &cni); err != nil {
+		t.Fatalf("CNI config is not JSON: %v\n%s", err, b)
+	}
+	if len(cni.Plugins) != 2 || cni.Plugins[0].Type != "bridge" {
+		t.Fatalf("CNI config: want bridge and loopback:\n%s", b)
+	}
+	return cni
 }
 
 func TestIsShimOf(t *testing.T) {
@@ -114,5 +145,37 @@ func TestServerVersion(t *testing.T) {
 func TestUnescapeMountinfo(t *testing.T) {
 	if got := unescapeMountinfo(`/run/a\040b`); got != "/run/a b" {
 		t.Errorf("got %q", got)
+	}
+}
+
+func TestStateDirLeftovers(t *testing.T) {
+	dir := t.TempDir()
+	for _, d := range []string{"vms", "pods"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := StateDirLeftovers(dir); len(got) != 0 {
+		t.Errorf("empty top-level directories: %v", got)
+	}
+	if got := StateDirLeftovers(filepath.Join(dir, "missing")); len(got) != 0 {
+		t.Errorf("missing state_dir: %v", got)
+	}
+	_ = os.Mkdir(filepath.Join(dir, "vms", "kvm-a"), 0o755)
+	_ = os.WriteFile(filepath.Join(dir, "stray"), nil, 0o644)
+	want := []string{"shim state " + filepath.Join(dir, "stray"), "shim state " + filepath.Join(dir, "vms", "kvm-a")}
+	got := StateDirLeftovers(dir)
+	sort.Strings(got)
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
+func TestLeftoverDomain(t *testing.T) {
+	if d, ok := LeftoverDomain(leftoverDomain + "kvm-a"); !ok || d != "kvm-a" {
+		t.Errorf("got %q, %v", d, ok)
+	}
+	if _, ok := LeftoverDomain("mount /x"); ok {
+		t.Error("a mount is not a domain")
 	}
 }
