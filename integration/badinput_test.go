@@ -12,6 +12,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
 )
 
 // badInput is a VM container that the shim must refuse with a message
@@ -77,15 +79,15 @@ func (c *containerd) ctrRunFails(t *testing.T, id, image string, args, want []st
 	t.Helper()
 	run := append(append([]string{"run", "-d"}, args...), c.kvmRun(c.suite.images[image].ref, id)...)
 	r := c.ctr(nsDefault, run...)
-	if r.err == nil || r.code == 0 {
+	if r.Err == nil || r.Code == 0 {
 		t.Fatalf("want ctr run to fail: %v", r)
 	}
-	if m := missingWords(r.stderr, want); len(m) > 0 {
+	if m := missingWords(r.Stderr, want); len(m) > 0 {
 		t.Errorf("error lacks %q: %v", m, r)
 	}
-	t.Logf("ctr run failed: %.400s", strings.TrimSpace(r.stderr))
+	t.Logf("ctr run failed: %.400s", strings.TrimSpace(r.Stderr))
 	// ctr run leaves the container record when the task fails.
-	if ls := c.mustCtr(t, nsDefault, "containers", "ls", "-q"); strings.Contains(ls.stdout, id) {
+	if ls := c.mustCtr(t, nsDefault, "containers", "ls", "-q"); strings.Contains(ls.Stdout, id) {
 		c.mustCtr(t, nsDefault, "containers", "delete", id)
 	}
 	assertNothingLeft(t, c, shimID{nsDefault, id})
@@ -168,23 +170,26 @@ func TestCtrNoTun(t *testing.T) {
 	// The namespace must exist before containerd's mount namespace is made:
 	// mounts made on the host later do not reach a private namespace.
 	path := newNetns(t, "notun", "eth0")
-	f := flavours["1.6"]
-	f.name, f.bridge, f.subnet = "1.6-notun", "kvmtest2", "10.89.2.0/24"
-	f.mountSetup = "mount --bind /dev/null /dev/net/tun"
-	c, err := startContainerd(s, f)
+	f, err := testenv.LookupFlavour("1.6")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Name = "1.6-notun"
+	c, err := startContainerd(s, f, testenv.Options{
+		Bridge: "kvmtest2", Subnet: "10.89.2.0/24",
+		MountSetup: "mount --bind /dev/null /dev/net/tun",
+	})
 	t.Cleanup(func() {
 		if c != nil {
-			if err := c.stop(); err != nil {
-				t.Errorf("stop containerd %s: %v", f.name, err)
+			if err := c.Stop(); err != nil {
+				t.Errorf("stop containerd %s: %v", f.Name, err)
 			}
 		}
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := c.ctr(nsDefault, "images", "import", s.images["kernel"].archive); r.err != nil {
-		t.Fatalf("%v", r)
-	}
+	c.mustCtr(t, nsDefault, "images", "import", s.images["kernel"].archive)
 	if _, err := os.Stat("/dev/net/tun"); err != nil {
 		t.Fatalf("the host lost /dev/net/tun: %v", err)
 	}

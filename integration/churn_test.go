@@ -16,7 +16,7 @@ const churnRounds = 20
 func TestCtrChurn(t *testing.T) {
 	s := requireKVM(t, "kernel")
 	c := s.flavours[0]
-	t.Run(c.name, func(t *testing.T) {
+	t.Run(c.Flavour.Name, func(t *testing.T) {
 		c.watch(t)
 		c.cleanupAfter(t)
 		var toRunning []time.Duration

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
 )
 
 // cloudBootTimeout bounds a Debian cloud-init boot under TCG (about 80 s on
@@ -34,7 +36,7 @@ func TestCRICloudInit(t *testing.T) {
 		t.Skip("cloud image not built (hack/cloudimage/build.sh)")
 	}
 	c := s.flavours[0]
-	t.Run(c.name, func(t *testing.T) {
+	t.Run(c.Flavour.Name, func(t *testing.T) {
 		c.watch(t)
 		c.cleanupAfter(t)
 		cl := c.cri(t)
@@ -63,7 +65,7 @@ func TestCRICloudInit(t *testing.T) {
 		t.Cleanup(func() {
 			if t.Failed() {
 				b, err := os.ReadFile(v.logPath)
-				t.Logf("CRI log %s (tail, %v):\n%s", v.logPath, err, tail(string(b), 60))
+				t.Logf("CRI log %s (tail, %v):\n%s", v.logPath, err, testenv.Tail(string(b), 60))
 			}
 		})
 		start := time.Now()

@@ -85,7 +85,7 @@ func TestCRIConfigDrive(t *testing.T) {
 	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
 		c.cleanupAfter(t)
 		cl := c.cri(t)
-		meta := map[string]string{"role": "integration", "flavour": c.name}
+		meta := map[string]string{"role": "integration", "flavour": c.Flavour.Name}
 		metaJSON, _ := json.Marshal(meta)
 		v := c.startNetVM(t, cl, podName, "bios", map[string]string{
 			annUserData: userData,

@@ -20,7 +20,7 @@ const (
 
 // kvmRun is the ctr run arguments that select the kvm shim and its config.
 func (c *containerd) kvmRun(args ...string) []string {
-	return append([]string{"--runtime", kvmRuntime, "--runtime-config-path", c.ShimConfig}, args...)
+	return append([]string{"--runtime", kvmRuntime, "--runtime-config-path", c.ShimConfigPath}, args...)
 }
 
 // bootAndStop runs image in the foreground with ctr, waits for ready on
@@ -81,8 +81,8 @@ func TestCtrDetached(t *testing.T) {
 		if doms, err := c.ownDomains(); err != nil || len(doms) != 1 {
 			t.Errorf("libvirt domains of this shim while running: %v (%v), want one", doms, err)
 		}
-		if st := stateDirLeftovers(c.ShimState); len(st) == 0 {
-			t.Errorf("shim state_dir %s looks empty while a VM runs", c.ShimState)
+		if st := stateDirLeftovers(c.ShimStateDir); len(st) == 0 {
+			t.Errorf("shim state_dir %s looks empty while a VM runs", c.ShimStateDir)
 		}
 
 		c.mustCtr(t, nsDefault, "task", "pause", id)

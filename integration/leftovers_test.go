@@ -80,9 +80,9 @@ func (c *containerd) leftovers(ids []shimID) []string {
 	var found []string
 	for _, ns := range []string{nsDefault, nsCRI} {
 		r := c.ctr(ns, "containers", "ls", "-q")
-		if r.err != nil {
+		if r.Err != nil {
 			found = append(found, r.String())
-		} else if s := strings.Fields(r.stdout); len(s) > 0 {
+		} else if s := strings.Fields(r.Stdout); len(s) > 0 {
 			found = append(found, fmt.Sprintf("containers in namespace %s: %v", ns, s))
 		}
 		bundles := filepath.Join(c.State, "io.containerd.runtime.v2.task", ns)
@@ -90,10 +90,10 @@ func (c *containerd) leftovers(ids []shimID) []string {
 			found = append(found, fmt.Sprintf("task bundles in %s: %v", bundles, names))
 		}
 	}
-	for _, m := range c.mounts(c.Dir) {
+	for _, m := range c.Mounts(c.Dir) {
 		found = append(found, "mount "+m)
 	}
-	found = append(found, stateDirLeftovers(c.ShimState)...)
+	found = append(found, stateDirLeftovers(c.ShimStateDir)...)
 	if owners, err := numaOwners(c.NUMAStateFile); err != nil {
 		found = append(found, err.Error())
 	} else {
@@ -153,13 +153,13 @@ func (c *containerd) freshShimState(t *testing.T) {
 	if left := c.leftovers(nil); len(left) > 0 {
 		t.Fatalf("cannot reset the shim state_dir, things are left:\n  %s", strings.Join(left, "\n  "))
 	}
-	if err := os.RemoveAll(c.ShimState); err != nil {
+	if err := os.RemoveAll(c.ShimStateDir); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		if len(c.leftovers(nil)) == 0 {
-			_ = os.RemoveAll(c.ShimState)
-			_ = os.Mkdir(c.ShimState, 0o711)
+			_ = os.RemoveAll(c.ShimStateDir)
+			_ = os.Mkdir(c.ShimStateDir, 0o711)
 		}
 	})
 }
@@ -218,7 +218,7 @@ func numaOwners(path string) ([]string, error) {
 // ownDomains lists this containerd's libvirt domains (see the function
 // ownDomains) and remembers their names for ownNetfdSockets.
 func (c *containerd) ownDomains() ([]string, error) {
-	doms, err := ownDomains(c.ShimState)
+	doms, err := ownDomains(c.ShimStateDir)
 	c.noteDomains(doms...)
 	return doms, err
 }
@@ -320,7 +320,7 @@ func (c *containerd) shimProcesses() []process {
 func (c *containerd) vmProcesses() []process {
 	return processesMatching(func(args []string) bool {
 		for _, a := range args {
-			if strings.Contains(a, c.ShimState+"/") {
+			if strings.Contains(a, c.ShimStateDir+"/") {
 				return !strings.HasPrefix(filepath.Base(args[0]), "containerd")
 			}
 		}
@@ -372,11 +372,11 @@ func (c *containerd) forceCleanup(t *testing.T) {
 	c.criCleanup(t)
 	for _, ns := range []string{nsDefault, nsCRI} {
 		r := c.ctr(ns, "containers", "ls", "-q")
-		for _, id := range strings.Fields(r.stdout) {
+		for _, id := range strings.Fields(r.Stdout) {
 			t.Logf("cleanup: removing container %s/%s", ns, id)
 			c.ctr(ns, "task", "kill", "-s", "KILL", id)
 			c.ctr(ns, "task", "delete", "-f", id)
-			if r := c.ctr(ns, "containers", "delete", id); r.err != nil {
+			if r := c.ctr(ns, "containers", "delete", id); r.Err != nil {
 				t.Logf("cleanup: %v", r)
 			}
 		}

@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
 )
 
 // suite is the environment shared by every test; nil when skipReason is set.
@@ -117,11 +120,12 @@ func newSuite() (*testSuite, error) {
 
 	wanted := strings.Split(envOr("KVM_IT_FLAVOURS", "1.6,2.x"), ",")
 	for _, name := range wanted {
-		f, ok := flavours[strings.TrimSpace(name)]
-		if !ok {
-			return s, fmt.Errorf("KVM_IT_FLAVOURS: unknown flavour %q", name)
+		f, err := testenv.LookupFlavour(strings.TrimSpace(name))
+		if err != nil {
+			return s, fmt.Errorf("KVM_IT_FLAVOURS: %v", err)
 		}
-		c, err := startContainerd(s, f)
+		n := networks[f.Name]
+		c, err := startContainerd(s, f, testenv.Options{Bridge: n.bridge, Subnet: n.subnet})
 		if c != nil {
 			s.flavours = append(s.flavours, c)
 		}
@@ -169,10 +173,8 @@ func (s *testSuite) importImages(c *containerd) error {
 		if !ok {
 			continue
 		}
-		for _, ns := range []string{nsDefault, nsCRI} {
-			if r := c.ctr(ns, "images", "import", img.archive); r.err != nil {
-				return fmt.Errorf("containerd %s: import %s into %s: %v", c.name, img.archive, ns, r)
-			}
+		if _, err := c.Import(context.Background(), img.archive, nsDefault, nsCRI); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -182,7 +184,7 @@ func (s *testSuite) importImages(c *containerd) error {
 func (s *testSuite) close() error {
 	var errs []error
 	for _, c := range s.flavours {
-		errs = append(errs, c.stop())
+		errs = append(errs, c.Stop())
 	}
 	if err := os.RemoveAll(s.tmp); err != nil {
 		errs = append(errs, fmt.Errorf("remove %s: %w", s.tmp, err))
@@ -231,7 +233,7 @@ func (s *testSuite) requireImages(t *testing.T, names ...string) {
 func (s *testSuite) forEachFlavour(t *testing.T, f func(t *testing.T, c *containerd)) {
 	t.Helper()
 	for _, c := range s.flavours {
-		t.Run(c.name, func(t *testing.T) {
+		t.Run(c.Flavour.Name, func(t *testing.T) {
 			c.watch(t)
 			f(t, c)
 		})

@@ -22,6 +22,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
 )
 
 // netTimeout bounds how long a booted guest may take to answer on the
@@ -205,7 +207,7 @@ func waitLogMessage(path, marker string, timeout time.Duration) (string, error) 
 			return true, ""
 		}
 		b, _ := os.ReadFile(path)
-		return false, fmt.Sprintf("%s has no %q; tail:\n%s", path, marker, tail(string(b), 20))
+		return false, fmt.Sprintf("%s has no %q; tail:\n%s", path, marker, testenv.Tail(string(b), 20))
 	})
 	return msg, err
 }
@@ -468,7 +470,7 @@ func TestCRINetwork(t *testing.T) {
 // must get no descriptor, and the VM must keep its network.
 func (c *containerd) checkNetfdRefuses(t *testing.T, v *netVM) {
 	sock := netfdSocketDir + "/" + v.domain + ".sock"
-	mark := c.logSize()
+	mark := c.LogSize()
 
 	n, fds, err := readNetfd(sock)
 	for _, fd := range fds {
@@ -502,7 +504,7 @@ func (c *containerd) checkNetfdRefuses(t *testing.T, v *netVM) {
 	for _, want := range []string{"runs as uid 0, not the QEMU user", "is not the process libvirt started for " + v.domain} {
 		var line string
 		if err := poll(10*time.Second, func() (bool, string) {
-			for _, l := range strings.Split(c.logTail(mark, 1<<20), "\n") {
+			for _, l := range strings.Split(c.LogTail(mark, 1<<20), "\n") {
 				if strings.Contains(l, "refused network descriptors") && strings.Contains(l, want) {
 					line = l
 					return true, ""

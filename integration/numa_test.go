@@ -23,7 +23,7 @@ const annNUMAMode = "kvm.containerd.io/numa-mode"
 func TestCtrNUMA(t *testing.T) {
 	s := requireKVM(t, "kernel")
 	c := s.flavours[0]
-	t.Run(c.name, func(t *testing.T) {
+	t.Run(c.Flavour.Name, func(t *testing.T) {
 		c.watch(t)
 		t.Run("node", func(t *testing.T) {
 			c.cleanupAfter(t)
@@ -136,7 +136,7 @@ func (c *containerd) checkReservation(t *testing.T, owner, mode, cpus, emulator 
 	if err != nil || !slices.Contains(owners, owner) {
 		t.Errorf("%s holds no reservation in %s: owners %q (%v)", owner, c.NUMAStateFile, owners, err)
 	}
-	out, err := runWithTimeout(exec.Command(filepath.Join(c.suite.binDir, shimBinary), "check", "--config", c.ShimConfig), time.Minute)
+	out, err := runWithTimeout(exec.Command(filepath.Join(c.suite.binDir, shimBinary), "check", "--config", c.ShimConfigPath), time.Minute)
 	// check exits 1 when something it looks at fails (e.g. no containerd
 	// config at the default path); its NUMA report is what counts here.
 	var line string
@@ -148,7 +148,7 @@ func (c *containerd) checkReservation(t *testing.T, owner, mode, cpus, emulator 
 	f := strings.Fields(line)
 	// Columns: owner mode nodes vcpus memory ("256 MiB") cpus emulator-cpus.
 	if len(f) < 7 || f[1] != mode {
-		t.Errorf("check --config %s (%v) lists no %s reservation for %s:\n%s", c.ShimConfig, err, mode, owner, out)
+		t.Errorf("check --config %s (%v) lists no %s reservation for %s:\n%s", c.ShimConfigPath, err, mode, owner, out)
 		return
 	}
 	for _, col := range []struct{ name, got, want string }{

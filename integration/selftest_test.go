@@ -25,17 +25,17 @@ func TestHarnessCRI(t *testing.T) {
 			t.Fatalf("CRI Version: %v", err)
 		}
 		t.Logf("CRI: %s %s, CRI API %s", v.RuntimeName, v.RuntimeVersion, v.RuntimeApiVersion)
-		wantPrefix := strings.TrimSuffix(c.name, "x")
+		wantPrefix := strings.TrimSuffix(c.Flavour.Name, "x")
 		if v.RuntimeName != "containerd" || !strings.HasPrefix(strings.TrimPrefix(v.RuntimeVersion, "v"), wantPrefix) ||
 			v.RuntimeApiVersion != "v1" {
 			t.Errorf("CRI Version = %+v, want containerd %s* with CRI API v1", v, wantPrefix)
 		}
 
 		want := []string{"io.containerd.grpc.v1 cri"}
-		if c.name == "2.x" {
+		if c.Flavour.Name == "2.x" {
 			want = append(want, "io.containerd.cri.v1 images", "io.containerd.cri.v1 runtime")
 		}
-		plugins := c.mustCtr(t, "", "plugins", "ls").stdout
+		plugins := c.mustCtr(t, "", "plugins", "ls").Stdout
 		for _, w := range want {
 			if st := pluginStatus(plugins, w); st != "ok" {
 				t.Errorf("plugin %s: status %q, want ok", w, st)

@@ -16,16 +16,18 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
 )
 
 // taskStatus reads a task's status and pid from `ctr task ls`
 // (columns TASK PID STATUS); status is "" when there is no such task.
 func (c *containerd) taskStatus(ns, id string) (status string, pid int, err error) {
 	r := c.ctr(ns, "task", "ls")
-	if r.err != nil {
+	if r.Err != nil {
 		return "", 0, fmt.Errorf("%v", r)
 	}
-	for _, line := range strings.Split(r.stdout, "\n") {
+	for _, line := range strings.Split(r.Stdout, "\n") {
 		f := strings.Fields(line)
 		if len(f) == 3 && f[0] == id {
 			pid, _ := strconv.Atoi(f[1])
@@ -58,7 +60,7 @@ func (c *containerd) taskPids(t *testing.T, ns, id string) []int {
 	t.Helper()
 	r := c.mustCtr(t, ns, "task", "ps", id)
 	var pids []int
-	for _, line := range strings.Split(r.stdout, "\n") {
+	for _, line := range strings.Split(r.Stdout, "\n") {
 		f := strings.Fields(line)
 		if len(f) == 0 || f[0] == "PID" {
 			continue
@@ -79,7 +81,7 @@ func (c *containerd) deleteTask(t *testing.T, ns, id string, wantStatus int) {
 	t.Helper()
 	r := c.mustCtr(t, ns, "task", "delete", id)
 	status := 0
-	if m := nonZeroExit.FindStringSubmatch(r.stderr); m != nil && m[1] == id {
+	if m := nonZeroExit.FindStringSubmatch(r.Stderr); m != nil && m[1] == id {
 		status, _ = strconv.Atoi(m[2])
 	}
 	if status != wantStatus {
@@ -123,7 +125,7 @@ type foreground struct {
 // runForeground starts `ctr run --rm <args>` and returns at once.
 func (c *containerd) runForeground(t *testing.T, ns string, args ...string) *foreground {
 	t.Helper()
-	cmd := c.ctrCmd(context.Background(), ns, append([]string{"run", "--rm"}, args...)...)
+	cmd := c.CtrCmd(context.Background(), ns, append([]string{"run", "--rm"}, args...)...)
 	f := &foreground{cmdline: strings.Join(cmd.Args, " "), out: &syncBuffer{}, exited: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = f.out, f.out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -149,7 +151,7 @@ func (c *containerd) runForeground(t *testing.T, ns string, args ...string) *for
 			<-f.exited
 		}
 		if t.Failed() {
-			t.Logf("output of %s (tail):\n%s", f.cmdline, tail(f.out.String(), 60))
+			t.Logf("output of %s (tail):\n%s", f.cmdline, testenv.Tail(f.out.String(), 60))
 		}
 	})
 	return f
