@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
 )
 
 const (
@@ -81,7 +83,7 @@ func TestCtrDetached(t *testing.T) {
 		if doms, err := c.ownDomains(); err != nil || len(doms) != 1 {
 			t.Errorf("libvirt domains of this shim while running: %v (%v), want one", doms, err)
 		}
-		if st := stateDirLeftovers(c.ShimStateDir); len(st) == 0 {
+		if st := testenv.StateDirLeftovers(c.ShimStateDir); len(st) == 0 {
 			t.Errorf("shim state_dir %s looks empty while a VM runs", c.ShimStateDir)
 		}
 

@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
@@ -11,9 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -53,18 +52,20 @@ func assertNothingLeft(t *testing.T, c *containerd, ids ...shimID) {
 }
 
 // leftovers lists what should not exist once every container and sandbox of
-// this containerd is deleted. It is strict on purpose:
+// this containerd is deleted. It is strict on purpose; testenv's Leftovers
+// checks the first seven:
 //
 //   - no containers in the default and k8s.io namespaces (ctr containers ls);
 //   - no task bundle directory under <state>/io.containerd.runtime.v2.task/<ns>/;
 //   - no mount point anywhere under this containerd's root, state or the
-//     shim's state_dir (/proc/self/mountinfo);
+//     shim's state_dir (its mountinfo: in its own mount namespace if it has
+//     one);
 //   - the shim's state_dir holds nothing but its empty top-level directories
-//     (shimStateDirs): no per-VM or per-pod directory, no file, socket or
-//     link at any depth;
-//   - no libvirt domain named kvm-* that belongs to this containerd's shim
-//     (its XML names the shim's state_dir; other people's VMs on the same
-//     libvirtd are not ours to judge);
+//     (testenv.StateDirLeftovers): no per-VM or per-pod directory, no file,
+//     socket or link at any depth;
+//   - no libvirt domain that belongs to this containerd's shim (its XML
+//     names the shim's state_dir; other people's VMs on the same libvirtd
+//     are not ours to judge);
 //   - no pod IP still reserved in the private CNI network's host-local store
 //     (CNI DEL ran for every pod);
 //   - no containerd-shim-* process started with -address of this containerd;
@@ -77,23 +78,12 @@ func assertNothingLeft(t *testing.T, c *containerd, ids ...shimID) {
 //   - no network descriptor socket under netfd's socket dir for a domain
 //     of this containerd (isOwnDomain).
 func (c *containerd) leftovers(ids []shimID) []string {
-	var found []string
-	for _, ns := range []string{nsDefault, nsCRI} {
-		r := c.ctr(ns, "containers", "ls", "-q")
-		if r.Err != nil {
-			found = append(found, r.String())
-		} else if s := strings.Fields(r.Stdout); len(s) > 0 {
-			found = append(found, fmt.Sprintf("containers in namespace %s: %v", ns, s))
-		}
-		bundles := filepath.Join(c.State, "io.containerd.runtime.v2.task", ns)
-		if names := testenv.DirNames(bundles); len(names) > 0 {
-			found = append(found, fmt.Sprintf("task bundles in %s: %v", bundles, names))
+	found := c.Leftovers(context.Background())
+	for _, f := range found {
+		if d, ok := testenv.LeftoverDomain(f); ok {
+			c.noteDomains(d)
 		}
 	}
-	for _, m := range c.Mounts(c.Dir) {
-		found = append(found, "mount "+m)
-	}
-	found = append(found, stateDirLeftovers(c.ShimStateDir)...)
 	if owners, err := numaOwners(c.NUMAStateFile); err != nil {
 		found = append(found, err.Error())
 	} else {
@@ -105,24 +95,8 @@ func (c *containerd) leftovers(ids []shimID) []string {
 			}
 		}
 	}
-	ipam := filepath.Join(c.IPAMDir, cniNetwork)
-	for _, name := range testenv.DirNames(ipam) {
-		if name != "lock" && !strings.HasPrefix(name, "last_reserved_ip.") {
-			found = append(found, "pod IP still reserved: "+filepath.Join(ipam, name))
-		}
-	}
-	if doms, err := c.ownDomains(); err != nil {
-		found = append(found, err.Error())
-	} else {
-		for _, d := range doms {
-			found = append(found, "libvirt domain "+d)
-		}
-	}
-	for _, p := range c.shimProcesses() {
-		found = append(found, fmt.Sprintf("shim process %d: %s", p.pid, p.cmdline))
-	}
 	for _, p := range c.vmProcesses() {
-		found = append(found, fmt.Sprintf("VM process %d: %.160s...", p.pid, p.cmdline))
+		found = append(found, fmt.Sprintf("VM process %d: %.160s...", p.Pid, p.Cmdline))
 	}
 	for _, sock := range c.ownNetfdSockets(ids) {
 		found = append(found, "network descriptor socket "+sock)
@@ -164,32 +138,6 @@ func (c *containerd) freshShimState(t *testing.T) {
 	})
 }
 
-// shimStateDirs are the top-level directories the shim keeps in its
-// state_dir for its whole life (shim/naming.go layout): vms/<domain>/ and
-// pods/<pod uid>/ live below them and must be gone after delete.
-var shimStateDirs = map[string]bool{"vms": true, "pods": true}
-
-// stateDirLeftovers lists what the shim's state_dir holds beyond its empty
-// top-level directories.
-func stateDirLeftovers(dir string) []string {
-	var found []string
-	for _, name := range testenv.DirNames(dir) {
-		path := filepath.Join(dir, name)
-		fi, err := os.Lstat(path)
-		switch {
-		case err != nil:
-			found = append(found, err.Error())
-		case !shimStateDirs[name] || !fi.IsDir():
-			found = append(found, "shim state "+path)
-		default:
-			for _, sub := range testenv.DirNames(path) {
-				found = append(found, "shim state "+filepath.Join(path, sub))
-			}
-		}
-	}
-	return found
-}
-
 // numaOwners lists the owners (<domain>/<container id>) of the
 // reservations in a NUMA state file; a missing file has none.
 func numaOwners(path string) ([]string, error) {
@@ -215,10 +163,10 @@ func numaOwners(path string) ([]string, error) {
 	return owners, nil
 }
 
-// ownDomains lists this containerd's libvirt domains (see the function
-// ownDomains) and remembers their names for ownNetfdSockets.
+// ownDomains lists this containerd's libvirt domains (testenv's Domains)
+// and remembers their names for isOwnDomain.
 func (c *containerd) ownDomains() ([]string, error) {
-	doms, err := ownDomains(c.ShimStateDir)
+	doms, err := c.Domains()
 	c.noteDomains(doms...)
 	return doms, err
 }
@@ -263,27 +211,6 @@ func (c *containerd) ownNetfdSockets(ids []shimID) []string {
 	return found
 }
 
-// ownDomains lists libvirt domains (running or not) named kvm-* whose XML
-// mentions dir: the shim puts each VM's disk overlay and console under its
-// state_dir, so this tells our VMs from anybody else's.
-func ownDomains(dir string) ([]string, error) {
-	out, err := virsh("list", "--all", "--name")
-	if err != nil {
-		return nil, err
-	}
-	var own []string
-	for _, name := range strings.Fields(out) {
-		if !strings.HasPrefix(name, "kvm-") {
-			continue
-		}
-		// A domain undefined since the listing is gone: not a leftover.
-		if xml, err := virsh("dumpxml", name); err == nil && strings.Contains(xml, dir+"/") {
-			own = append(own, name)
-		}
-	}
-	return own, nil
-}
-
 func virsh(args ...string) (string, error) {
 	out, err := exec.Command("virsh", append([]string{"-c", "qemu:///system"}, args...)...).CombinedOutput()
 	if err != nil {
@@ -292,33 +219,11 @@ func virsh(args ...string) (string, error) {
 	return string(out), nil
 }
 
-type process struct {
-	pid     int
-	cmdline string
-}
-
-// shimProcesses finds containerd-shim-* processes serving this containerd,
-// recognised by their -address argument.
-func (c *containerd) shimProcesses() []process {
-	return processesMatching(func(args []string) bool {
-		if !strings.HasPrefix(filepath.Base(args[0]), "containerd-shim-") {
-			return false
-		}
-		for i, a := range args {
-			if (a == "-address" || a == "--address") && i+1 < len(args) && args[i+1] == c.Address ||
-				a == "-address="+c.Address || a == "--address="+c.Address {
-				return true
-			}
-		}
-		return false
-	})
-}
-
 // vmProcesses finds the processes of this containerd's VMs: QEMU (and
 // kvm-qemu-wrapper before it execs QEMU, which keeps the arguments) names
 // the VM's disk, kernel and console under the shim's state_dir.
-func (c *containerd) vmProcesses() []process {
-	return processesMatching(func(args []string) bool {
+func (c *containerd) vmProcesses() []testenv.Process {
+	return testenv.ProcessesMatching(func(args []string) bool {
 		for _, a := range args {
 			if strings.Contains(a, c.ShimStateDir+"/") {
 				return !strings.HasPrefix(filepath.Base(args[0]), "containerd")
@@ -331,8 +236,8 @@ func (c *containerd) vmProcesses() []process {
 // domainProcesses finds the processes libvirt runs for domain: QEMU, or the
 // wrapper before it execs QEMU (libvirt names the domain with -name
 // guest=<domain>,...).
-func domainProcesses(domain string) []process {
-	return processesMatching(func(args []string) bool {
+func domainProcesses(domain string) []testenv.Process {
+	return testenv.ProcessesMatching(func(args []string) bool {
 		for i, a := range args {
 			if a == "-name" && i+1 < len(args) &&
 				(args[i+1] == "guest="+domain || strings.HasPrefix(args[i+1], "guest="+domain+",")) {
@@ -343,56 +248,17 @@ func domainProcesses(domain string) []process {
 	})
 }
 
-// processesMatching lists live processes whose argv satisfies match.
-func processesMatching(match func(args []string) bool) []process {
-	entries, _ := os.ReadDir("/proc")
-	var procs []process
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil || len(raw) == 0 {
-			continue
-		}
-		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
-		if match(args) {
-			procs = append(procs, process{pid, strings.Join(args, " ")})
-		}
-	}
-	return procs
-}
-
-// forceCleanup removes, after a test, whatever it left in this containerd:
-// tasks and containers in both namespaces, CRI pods, domains that belong to
-// this run, and shim processes. It logs what it had to remove; the test's own
-// assertNothingLeft is what fails a test.
+// forceCleanup removes, after a test, whatever it left in this containerd
+// (testenv's ForceCleanup: CRI pods, tasks and containers in both
+// namespaces, this shim's domains, shim processes) and logs it; the test's
+// own assertNothingLeft is what fails a test. The domains it destroys are
+// remembered as this containerd's (isOwnDomain).
 func (c *containerd) forceCleanup(t *testing.T) {
-	c.criCleanup(t)
-	for _, ns := range []string{nsDefault, nsCRI} {
-		r := c.ctr(ns, "containers", "ls", "-q")
-		for _, id := range strings.Fields(r.Stdout) {
-			t.Logf("cleanup: removing container %s/%s", ns, id)
-			c.ctr(ns, "task", "kill", "-s", "KILL", id)
-			c.ctr(ns, "task", "delete", "-f", id)
-			if r := c.ctr(ns, "containers", "delete", id); r.Err != nil {
-				t.Logf("cleanup: %v", r)
-			}
+	for _, r := range c.ForceCleanup(context.Background()) {
+		if d, ok := testenv.LeftoverDomain(r); ok {
+			c.noteDomains(d)
 		}
-	}
-	doms, _ := c.ownDomains()
-	for _, d := range doms {
-		t.Logf("cleanup: destroying libvirt domain %s", d)
-		_, _ = virsh("destroy", d)
-		_, _ = virsh("undefine", d)
-	}
-	// Shims exit on their own once their last task is deleted; give them the
-	// same time the leftover check gives them before killing.
-	_ = poll(leftoverTimeout, func() (bool, string) { return len(c.shimProcesses()) == 0, "" })
-	for _, p := range c.shimProcesses() {
-		t.Logf("cleanup: killing shim process %d: %s", p.pid, p.cmdline)
-		_ = syscall.Kill(p.pid, syscall.SIGKILL)
+		t.Logf("cleanup: removed %s", r)
 	}
 }
 

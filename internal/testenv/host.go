@@ -206,11 +206,12 @@ func StateDirLeftovers(dir string) []string {
 	return found
 }
 
-// leftoverDomain starts the Leftovers entry of a libvirt domain.
+// leftoverDomain starts the Leftovers and ForceCleanup entry of a libvirt
+// domain.
 const leftoverDomain = "libvirt domain "
 
-// LeftoverDomain returns the domain a Leftovers entry reports, if it
-// reports one.
+// LeftoverDomain returns the domain an entry of Leftovers or ForceCleanup
+// reports, if it reports one.
 func LeftoverDomain(entry string) (name string, ok bool) {
 	return strings.CutPrefix(entry, leftoverDomain)
 }
@@ -302,7 +303,7 @@ func (c *Containerd) ForceCleanup(ctx context.Context) []string {
 	if l, err := ConnectLibvirt(); err == nil {
 		doms, _ := DomainsMentioning(l, c.ShimStateDir)
 		for _, name := range doms {
-			removed = append(removed, "libvirt domain "+name)
+			removed = append(removed, leftoverDomain+name)
 			if d, err := l.DomainLookupByName(name); err == nil {
 				_ = l.DomainDestroy(d)
 				_ = l.DomainUndefine(d)
