@@ -239,7 +239,7 @@ func TestCRIBadInput(t *testing.T) {
 				if err == nil {
 					ids = append(ids, shimID{nsCRI, cid})
 					ctx, cancel := criCtx()
-					_, err = cl.rt.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: cid})
+					_, err = cl.Runtime.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: cid})
 					cancel()
 					call = "StartContainer"
 				}
@@ -255,7 +255,7 @@ func TestCRIBadInput(t *testing.T) {
 				t.Logf("%s failed as wanted: %v", call, err)
 				if cid != "" {
 					ctx, cancel := criCtx()
-					if _, err := cl.rt.RemoveContainer(ctx, &cri.RemoveContainerRequest{ContainerId: cid}); err != nil {
+					if _, err := cl.Runtime.RemoveContainer(ctx, &cri.RemoveContainerRequest{ContainerId: cid}); err != nil {
 						t.Errorf("RemoveContainer %s: %v", cid, err)
 					}
 					cancel()

@@ -58,7 +58,7 @@ func TestCRICloudInit(t *testing.T) {
 		}
 		ctx, cancel := criCtx()
 		defer cancel()
-		if _, err := cl.rt.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: cid}); err != nil {
+		if _, err := cl.Runtime.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: cid}); err != nil {
 			t.Fatalf("StartContainer: %v", err)
 		}
 		v := &podContainer{pod: p, cid: cid, logPath: filepath.Join(p.logDir, cfg.LogPath)}
@@ -110,7 +110,7 @@ func TestCRICloudInit(t *testing.T) {
 		// systemd powers the guest off on the ACPI button.
 		stopCtx, stopCancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer stopCancel()
-		if _, err := cl.rt.StopContainer(stopCtx, &cri.StopContainerRequest{ContainerId: cid, Timeout: 120}); err != nil {
+		if _, err := cl.Runtime.StopContainer(stopCtx, &cri.StopContainerRequest{ContainerId: cid, Timeout: 120}); err != nil {
 			t.Fatalf("StopContainer: %v", err)
 		}
 		if st := cl.containerStatus(t, cid); st.ExitCode != 0 {

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
 )
 
 // criTimeout bounds one CRI call; StopContainer adds its own grace period.
@@ -22,62 +22,23 @@ const criTimeout = 2 * time.Minute
 // criPodNamespace is the Kubernetes namespace of every pod the suite makes.
 const criPodNamespace = "kvm-it"
 
-// criClient talks CRI to one private containerd, as kubelet would.
-type criClient struct {
-	conn *grpc.ClientConn
-	rt   cri.RuntimeServiceClient
-	img  cri.ImageServiceClient
-}
-
-func (c *containerd) dialCRI() (*criClient, error) {
-	conn, err := grpc.Dial("unix://"+c.Address, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return nil, err
-	}
-	return &criClient{conn: conn, rt: cri.NewRuntimeServiceClient(conn), img: cri.NewImageServiceClient(conn)}, nil
-}
+// criClient talks CRI to one private containerd, as kubelet would; the
+// suite's calls return CRI's own gRPC errors, whose codes tests check.
+type criClient struct{ *testenv.CRI }
 
 // cri returns a CRI client closed at the end of t.
 func (c *containerd) cri(t *testing.T) *criClient {
 	t.Helper()
-	cl, err := c.dialCRI()
+	cl, err := c.DialCRI()
 	if err != nil {
-		t.Fatalf("dial CRI on %s: %v", c.Address, err)
+		t.Fatal(err)
 	}
-	t.Cleanup(func() { cl.conn.Close() })
-	return cl
+	t.Cleanup(func() { cl.Close() })
+	return &criClient{cl}
 }
 
 func criCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), criTimeout)
-}
-
-// waitCRIReady waits until CRI answers Version and reports the runtime and
-// the network ready (the CNI config is loaded).
-func (c *containerd) waitCRIReady() error {
-	cl, err := c.dialCRI()
-	if err != nil {
-		return err
-	}
-	defer cl.conn.Close()
-	return poll(60*time.Second, func() (bool, string) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if _, err := cl.rt.Version(ctx, &cri.VersionRequest{}); err != nil {
-			return false, "CRI Version: " + err.Error()
-		}
-		st, err := cl.rt.Status(ctx, &cri.StatusRequest{})
-		if err != nil {
-			return false, "CRI Status: " + err.Error()
-		}
-		ready := map[string]bool{}
-		var detail []string
-		for _, cond := range st.GetStatus().GetConditions() {
-			ready[cond.Type] = cond.Status
-			detail = append(detail, fmt.Sprintf("%s=%v %s %s", cond.Type, cond.Status, cond.Reason, cond.Message))
-		}
-		return ready[cri.RuntimeReady] && ready[cri.NetworkReady], "CRI conditions: " + strings.Join(detail, "; ")
-	})
 }
 
 // pod is one CRI pod sandbox created by a test.
@@ -106,7 +67,7 @@ func (c *containerd) runPod(t *testing.T, cl *criClient, name, handler string, a
 	}
 	ctx, cancel := criCtx()
 	defer cancel()
-	resp, err := cl.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: cfg, RuntimeHandler: handler})
+	resp, err := cl.Runtime.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: cfg, RuntimeHandler: handler})
 	if err != nil {
 		t.Fatalf("RunPodSandbox %s (handler %s): %v", name, handler, err)
 	}
@@ -134,7 +95,7 @@ func (cl *criClient) createContainer(p *pod, cfg *cri.ContainerConfig) (string, 
 	}
 	ctx, cancel := criCtx()
 	defer cancel()
-	resp, err := cl.rt.CreateContainer(ctx, &cri.CreateContainerRequest{
+	resp, err := cl.Runtime.CreateContainer(ctx, &cri.CreateContainerRequest{
 		PodSandboxId: p.id, Config: cfg, SandboxConfig: p.config,
 	})
 	if err != nil {
@@ -147,7 +108,7 @@ func (cl *criClient) containerStatus(t *testing.T, id string) *cri.ContainerStat
 	t.Helper()
 	ctx, cancel := criCtx()
 	defer cancel()
-	resp, err := cl.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: id})
+	resp, err := cl.Runtime.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: id})
 	if err != nil {
 		t.Fatalf("ContainerStatus %s: %v", id, err)
 	}
@@ -172,10 +133,10 @@ func (cl *criClient) stopAndRemovePod(t *testing.T, p *pod) {
 	t.Helper()
 	ctx, cancel := criCtx()
 	defer cancel()
-	if _, err := cl.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: p.id}); err != nil {
+	if _, err := cl.Runtime.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: p.id}); err != nil {
 		t.Errorf("StopPodSandbox %s: %v", p.id, err)
 	}
-	if _, err := cl.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: p.id}); err != nil {
+	if _, err := cl.Runtime.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: p.id}); err != nil {
 		t.Errorf("RemovePodSandbox %s: %v", p.id, err)
 	}
 }
@@ -187,43 +148,8 @@ func waitLog(path, want string, timeout time.Duration) error {
 		if err != nil {
 			return false, err.Error()
 		}
-		return strings.Contains(string(b), want), fmt.Sprintf("%s has no %q; tail:\n%s", path, want, tail(string(b), 20))
+		return strings.Contains(string(b), want), fmt.Sprintf("%s has no %q; tail:\n%s", path, want, testenv.Tail(string(b), 20))
 	})
-}
-
-// criCleanup stops and removes every pod sandbox still known to CRI.
-func (c *containerd) criCleanup(t *testing.T) {
-	cl, err := c.dialCRI()
-	if err != nil {
-		t.Logf("cleanup: dial CRI: %v", err)
-		return
-	}
-	defer cl.conn.Close()
-	ctx, cancel := criCtx()
-	defer cancel()
-	pods, err := cl.rt.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
-	if err != nil {
-		t.Logf("cleanup: ListPodSandbox: %v", err)
-		return
-	}
-	for _, p := range pods.Items {
-		t.Logf("cleanup: removing pod sandbox %s (%s)", p.Id, p.Metadata.GetName())
-		if _, err := cl.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: p.Id}); err != nil {
-			t.Logf("cleanup: StopPodSandbox %s: %v", p.Id, err)
-		}
-		if _, err := cl.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: p.Id}); err != nil {
-			t.Logf("cleanup: RemovePodSandbox %s: %v", p.Id, err)
-		}
-	}
-}
-
-// tail returns the last n lines of s.
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }
 
 // criStopGrace is the grace period kubelet would pass to StopContainer.
@@ -255,14 +181,14 @@ func (c *containerd) startPodContainerWith(t *testing.T, cl *criClient, name, ha
 	}
 	ctx, cancel := criCtx()
 	defer cancel()
-	if _, err := cl.rt.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: cid}); err != nil {
+	if _, err := cl.Runtime.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: cid}); err != nil {
 		t.Fatalf("StartContainer %s in pod %s: %v", cid, name, err)
 	}
 	v := &podContainer{pod: p, cid: cid, logPath: filepath.Join(p.logDir, cfg.LogPath)}
 	t.Cleanup(func() {
 		if t.Failed() {
 			b, err := os.ReadFile(v.logPath)
-			t.Logf("CRI log %s of pod %s (tail, %v):\n%s", v.logPath, name, err, tail(string(b), 40))
+			t.Logf("CRI log %s of pod %s (tail, %v):\n%s", v.logPath, name, err, testenv.Tail(string(b), 40))
 		}
 	})
 	return v
@@ -274,11 +200,11 @@ func (cl *criClient) stopContainer(v *podContainer) error {
 	ctx, cancel := criCtx()
 	defer cancel()
 	start := time.Now()
-	if _, err := cl.rt.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: v.cid, Timeout: criStopGrace}); err != nil {
+	if _, err := cl.Runtime.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: v.cid, Timeout: criStopGrace}); err != nil {
 		return fmt.Errorf("StopContainer %s: %w", v.cid, err)
 	}
 	took := time.Since(start)
-	resp, err := cl.rt.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: v.cid})
+	resp, err := cl.Runtime.ContainerStatus(ctx, &cri.ContainerStatusRequest{ContainerId: v.cid})
 	if err != nil {
 		return fmt.Errorf("ContainerStatus %s: %w", v.cid, err)
 	}
@@ -295,7 +221,7 @@ func (cl *criClient) removePod(t *testing.T, v *podContainer) {
 	t.Helper()
 	ctx, cancel := criCtx()
 	defer cancel()
-	if _, err := cl.rt.RemoveContainer(ctx, &cri.RemoveContainerRequest{ContainerId: v.cid}); err != nil {
+	if _, err := cl.Runtime.RemoveContainer(ctx, &cri.RemoveContainerRequest{ContainerId: v.cid}); err != nil {
 		t.Errorf("RemoveContainer %s: %v", v.cid, err)
 	}
 	cl.stopAndRemovePod(t, v.pod)
@@ -313,7 +239,7 @@ func (cl *criClient) waitStats(t *testing.T, id string) *cri.ContainerStats {
 	if err := poll(30*time.Second, func() (bool, string) {
 		ctx, cancel := criCtx()
 		defer cancel()
-		resp, err := cl.rt.ContainerStats(ctx, &cri.ContainerStatsRequest{ContainerId: id})
+		resp, err := cl.Runtime.ContainerStats(ctx, &cri.ContainerStatsRequest{ContainerId: id})
 		if err != nil {
 			return false, "ContainerStats: " + err.Error()
 		}

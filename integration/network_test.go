@@ -54,7 +54,7 @@ func (cl *criClient) podNetwork(t *testing.T, p *pod) podNet {
 	t.Helper()
 	ctx, cancel := criCtx()
 	defer cancel()
-	resp, err := cl.rt.PodSandboxStatus(ctx, &cri.PodSandboxStatusRequest{PodSandboxId: p.id, Verbose: true})
+	resp, err := cl.Runtime.PodSandboxStatus(ctx, &cri.PodSandboxStatusRequest{PodSandboxId: p.id, Verbose: true})
 	if err != nil {
 		t.Fatalf("PodSandboxStatus %s: %v", p.id, err)
 	}

@@ -20,7 +20,7 @@ func TestHarnessCRI(t *testing.T) {
 		cl := c.cri(t)
 		ctx, cancel := criCtx()
 		defer cancel()
-		v, err := cl.rt.Version(ctx, &cri.VersionRequest{})
+		v, err := cl.Runtime.Version(ctx, &cri.VersionRequest{})
 		if err != nil {
 			t.Fatalf("CRI Version: %v", err)
 		}
@@ -139,7 +139,7 @@ func TestHarnessCRIRunc(t *testing.T) {
 
 		ctx, cancel := criCtx()
 		defer cancel()
-		st, err := cl.rt.PodSandboxStatus(ctx, &cri.PodSandboxStatusRequest{PodSandboxId: v.id})
+		st, err := cl.Runtime.PodSandboxStatus(ctx, &cri.PodSandboxStatusRequest{PodSandboxId: v.id})
 		if err != nil {
 			t.Fatalf("PodSandboxStatus: %v", err)
 		}
