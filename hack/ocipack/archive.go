@@ -16,6 +16,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/hack/internal/pack"
 )
 
 // Media types and annotation keys used in the archive.
@@ -263,27 +265,11 @@ func writeLayer(w io.Writer, entries []Entry, mtime time.Time) (string, error) {
 }
 
 func writeFileEntry(tw *tar.Writer, hdr *tar.Header, src string) error {
-	f, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	if !st.Mode().IsRegular() {
-		return fmt.Errorf("%s: not a regular file", src)
-	}
-	hdr.Typeflag = tar.TypeReg
-	hdr.Size = st.Size()
-	if err := tw.WriteHeader(hdr); err != nil {
-		return err
-	}
-	if _, err := io.CopyN(tw, f, hdr.Size); err != nil {
-		return fmt.Errorf("%s: %w (did it change while being read?)", src, err)
-	}
-	return nil
+	return pack.CopyFile(tw, src, func(size int64) error {
+		hdr.Typeflag = tar.TypeReg
+		hdr.Size = size
+		return tw.WriteHeader(hdr)
+	})
 }
 
 func marshalBlob(v any) ([]byte, string, error) {
@@ -376,64 +362,47 @@ func WriteArchive(out string, spec Spec) (err error) {
 		return err
 	}
 
-	tmp, err := os.CreateTemp(dir, ".ocipack-out-*")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
+	return pack.WriteFile(out, ".ocipack-out-*", 0o644, func(w io.Writer) error {
+		tw := tar.NewWriter(w)
+		add := func(name string, typ byte, size int64, body io.Reader) error {
+			hdr := &tar.Header{Name: name, Typeflag: typ, Size: size, Mode: 0o644, ModTime: mtime}
+			if typ == tar.TypeDir {
+				hdr.Mode = 0o755
+			}
+			if err := tw.WriteHeader(hdr); err != nil {
+				return err
+			}
+			if body != nil {
+				if _, err := io.CopyN(tw, body, size); err != nil {
+					return err
+				}
+			}
+			return nil
 		}
-	}()
-	tw := tar.NewWriter(tmp)
-	add := func(name string, typ byte, size int64, body io.Reader) error {
-		hdr := &tar.Header{Name: name, Typeflag: typ, Size: size, Mode: 0o644, ModTime: mtime}
-		if typ == tar.TypeDir {
-			hdr.Mode = 0o755
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
+		blobName := func(d string) string { return "blobs/sha256/" + strings.TrimPrefix(d, "sha256:") }
+		layout := []byte(`{"imageLayoutVersion":"1.0.0"}`)
+		if _, err := layerFile.Seek(0, io.SeekStart); err != nil {
 			return err
 		}
-		if body != nil {
-			if _, err := io.CopyN(tw, body, size); err != nil {
+		steps := []struct {
+			name string
+			typ  byte
+			size int64
+			body io.Reader
+		}{
+			{"oci-layout", tar.TypeReg, int64(len(layout)), bytes.NewReader(layout)},
+			{"index.json", tar.TypeReg, int64(len(idxBlob)), bytes.NewReader(idxBlob)},
+			{"blobs/", tar.TypeDir, 0, nil},
+			{"blobs/sha256/", tar.TypeDir, 0, nil},
+			{blobName(manDigest), tar.TypeReg, int64(len(manBlob)), bytes.NewReader(manBlob)},
+			{blobName(cfgDigest), tar.TypeReg, int64(len(cfgBlob)), bytes.NewReader(cfgBlob)},
+			{blobName(layerDesc.Digest), tar.TypeReg, layerDesc.Size, layerFile},
+		}
+		for _, s := range steps {
+			if err := add(s.name, s.typ, s.size, s.body); err != nil {
 				return err
 			}
 		}
-		return nil
-	}
-	blobName := func(d string) string { return "blobs/sha256/" + strings.TrimPrefix(d, "sha256:") }
-	layout := []byte(`{"imageLayoutVersion":"1.0.0"}`)
-	if _, err = layerFile.Seek(0, io.SeekStart); err != nil {
-		return err
-	}
-	steps := []struct {
-		name string
-		typ  byte
-		size int64
-		body io.Reader
-	}{
-		{"oci-layout", tar.TypeReg, int64(len(layout)), bytes.NewReader(layout)},
-		{"index.json", tar.TypeReg, int64(len(idxBlob)), bytes.NewReader(idxBlob)},
-		{"blobs/", tar.TypeDir, 0, nil},
-		{"blobs/sha256/", tar.TypeDir, 0, nil},
-		{blobName(manDigest), tar.TypeReg, int64(len(manBlob)), bytes.NewReader(manBlob)},
-		{blobName(cfgDigest), tar.TypeReg, int64(len(cfgBlob)), bytes.NewReader(cfgBlob)},
-		{blobName(layerDesc.Digest), tar.TypeReg, layerDesc.Size, layerFile},
-	}
-	for _, s := range steps {
-		if err = add(s.name, s.typ, s.size, s.body); err != nil {
-			return err
-		}
-	}
-	if err = tw.Close(); err != nil {
-		return err
-	}
-	if err = tmp.Chmod(0o644); err != nil {
-		return err
-	}
-	if err = tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), out)
+		return tw.Close()
+	})
 }

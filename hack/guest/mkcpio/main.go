@@ -24,6 +24,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/hack/internal/pack"
 )
 
 // File type bits of the cpio mode field.
@@ -190,38 +192,21 @@ func finish(entries []entry) ([]entry, error) {
 	return out, nil
 }
 
-func writeFile(out string, entries []entry, mtime uint32) (err error) {
-	tmp, err := os.CreateTemp(filepath.Dir(out), ".mkcpio-*")
-	if err != nil {
-		return err
-	}
-	defer func() {
+func writeFile(out string, entries []entry, mtime uint32) error {
+	return pack.WriteFile(out, ".mkcpio-*", 0o644, func(w io.Writer) error {
+		bw := bufio.NewWriter(w)
+		zw, err := gzip.NewWriterLevel(bw, gzip.BestCompression)
 		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
+			return err
 		}
-	}()
-	bw := bufio.NewWriter(tmp)
-	zw, err := gzip.NewWriterLevel(bw, gzip.BestCompression)
-	if err != nil {
-		return err
-	}
-	if err = writeCpio(zw, entries, mtime); err != nil {
-		return err
-	}
-	if err = zw.Close(); err != nil {
-		return err
-	}
-	if err = bw.Flush(); err != nil {
-		return err
-	}
-	if err = tmp.Chmod(0o644); err != nil {
-		return err
-	}
-	if err = tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), out)
+		if err := writeCpio(zw, entries, mtime); err != nil {
+			return err
+		}
+		if err := zw.Close(); err != nil {
+			return err
+		}
+		return bw.Flush()
+	})
 }
 
 // cw tracks the byte offset so that the 4-byte alignment can be kept.
@@ -289,20 +274,5 @@ func writeCpio(w io.Writer, entries []entry, mtime uint32) error {
 }
 
 func copyFile(c *cw, ino uint32, e entry, mtime uint32) error {
-	f, err := os.Open(e.source)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	if err := c.header(ino, e, mtime, st.Size()); err != nil {
-		return err
-	}
-	if _, err := io.CopyN(c, f, st.Size()); err != nil {
-		return fmt.Errorf("%s: %w", e.source, err)
-	}
-	return nil
+	return pack.CopyFile(c, e.source, func(size int64) error { return c.header(ino, e, mtime, size) })
 }
