@@ -36,11 +36,14 @@ die() {
 	log "error: $*"
 	exit 1
 }
+# shellcheck source=hack/lib/host-packages.sh
+source hack/lib/host-packages.sh
 
 [[ $(id -u) == 0 ]] || die "must run as root (debootstrap and chroot)"
 
 # --- host packages ----------------------------------------------------------
 
+# shellcheck disable=SC2034 # read by install_missing through a nameref
 declare -A NEED=(
 	[debootstrap]=debootstrap
 	[mkfs.vfat]=dosfstools
@@ -51,22 +54,7 @@ declare -A NEED=(
 	[mkfs.ext4]=e2fsprogs
 	[sfdisk]=fdisk
 )
-missing=()
-for probe in "${!NEED[@]}"; do
-	if [[ $probe == /* ]]; then
-		[[ -e $probe ]] || missing+=("${NEED[$probe]}")
-	else
-		command -v "$probe" >/dev/null || missing+=("${NEED[$probe]}")
-	fi
-done
-if ((${#missing[@]})); then
-	mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
-	log "installing ${missing[*]}"
-	if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2; then
-		apt-get update -qq >&2
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
-	fi
-fi
+install_missing NEED
 command -v go >/dev/null || die "go is not installed (needed for hack/ocipack)"
 
 # --- mirror -----------------------------------------------------------------

@@ -49,10 +49,13 @@ die() {
 	log "error: $*"
 	exit 1
 }
+# shellcheck source=hack/lib/host-packages.sh
+source hack/lib/host-packages.sh
 
 # --- host packages ----------------------------------------------------------
 
 # Probe file (or command) -> Debian package providing it.
+# shellcheck disable=SC2034 # read by install_missing through a nameref
 declare -A NEED=(
 	[/bin/busybox]=busybox-static
 	[mkfs.vfat]=dosfstools
@@ -62,25 +65,7 @@ declare -A NEED=(
 	[qemu-img]=qemu-utils
 	[/usr/lib/ipxe/ipxe.iso]=ipxe
 )
-missing=()
-for probe in "${!NEED[@]}"; do
-	if [[ $probe == /* ]]; then
-		[[ -e $probe ]] || missing+=("${NEED[$probe]}")
-	else
-		command -v "$probe" >/dev/null || missing+=("${NEED[$probe]}")
-	fi
-done
-if ((${#missing[@]})); then
-	mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
-	if [[ $(id -u) != 0 ]]; then
-		die "missing packages: ${missing[*]} (apt-get install -y --no-install-recommends ${missing[*]})"
-	fi
-	log "installing ${missing[*]}"
-	if ! DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >&2; then
-		apt-get update -qq >&2
-		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >&2
-	fi
-fi
+install_missing NEED
 command -v go >/dev/null || die "go is not installed"
 # elf_has_interp FILE: true when the ELF64 FILE has a PT_INTERP program
 # header, i.e. needs a dynamic loader.
