@@ -31,13 +31,17 @@ func driveNetwork(pn netfd.PodNetwork, dns []netip.Addr, search []string) (*conf
 	return n, nil
 }
 
-// buildConfigDrive writes the VM's OpenStack config drive (label config-2)
-// into its runtime dir. It is rebuilt on every create, so it always says
+// planConfigDrive checks the drive's settings and returns where the VM's
+// OpenStack config drive (label config-2) goes in its runtime dir, and the
+// function that writes it. It is rebuilt on every create, so it always says
 // what the pod is now.
-func buildConfigDrive(ctx context.Context, h *host, ident vmIdentity, vmDir string, network *configdrive.Network, opts configdrive.Options) (*vm.ConfigDrive, error) {
+func planConfigDrive(ctx context.Context, h *host, ident vmIdentity, vmDir string, network *configdrive.Network, opts configdrive.Options) (*vm.ConfigDrive, func() error, error) {
 	format, err := configdrive.ParseFormat(string(opts.Format))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	if err := opts.Validate(); err != nil {
+		return nil, nil, err
 	}
 	out := filepath.Join(vmDir, "config-2.img")
 	if format == configdrive.FormatISO9660 {
@@ -63,10 +67,13 @@ func buildConfigDrive(ctx context.Context, h *host, ident vmIdentity, vmDir stri
 		Name:             name,
 		AvailabilityZone: h.cfg.AvailabilityZone,
 	}
-	start := time.Now()
-	if err := configdrive.Build(ctx, vmDir, out, inst, network, opts); err != nil {
-		return nil, err
+	build := func() error {
+		start := time.Now()
+		if err := configdrive.Build(ctx, vmDir, out, inst, network, opts); err != nil {
+			return err
+		}
+		log.G(ctx).WithField("format", format).WithField("ms", time.Since(start).Milliseconds()).Debug("built config drive")
+		return nil
 	}
-	log.G(ctx).WithField("format", format).WithField("ms", time.Since(start).Milliseconds()).Debug("built config drive")
-	return &vm.ConfigDrive{Path: out, Format: string(format)}, nil
+	return &vm.ConfigDrive{Path: out, Format: string(format)}, build, nil
 }

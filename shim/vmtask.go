@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
@@ -203,14 +204,21 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		}
 	}
 	ph.mark("network")
+	// The config drive is built while the disk or kernel is prepared and
+	// the domain defined; every return waits for the build first, so a
+	// rollback never races it in the VM dir.
+	waitDrive := func() error { return nil }
+	defer func() { _ = waitDrive() }()
 	if !set.drive.Disabled {
-		cd, err := buildConfigDrive(ctx, h, ident, vmDir, guestNet, set.drive)
+		cd, build, err := planConfigDrive(ctx, h, ident, vmDir, guestNet, set.drive)
 		if err != nil {
 			return nil, err
 		}
 		spec.ConfigDrive = cd
+		errc := make(chan error, 1)
+		go func() { errc <- build() }()
+		waitDrive = sync.OnceValue(func() error { return <-errc })
 	}
-	ph.mark("config_drive")
 	if src.Disk != "" {
 		disk, err := prepareDisk(ctx, h, rootfs, src.Disk, vmDir, rec.Overlay, &undo)
 		if err != nil {
@@ -235,6 +243,10 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	}
 	undo.add(func() { _ = h.conn.Undefine(name) })
 	ph.mark("define")
+	if err := waitDrive(); err != nil {
+		return nil, err
+	}
+	ph.mark("config_drive_wait")
 
 	log.G(ctx).WithField("vm", name).WithField("accel", h.accel).
 		WithField("vcpus", set.vcpus).WithField("memoryMiB", set.memMiB).

@@ -290,6 +290,29 @@ func TestCreateVMTaskBadInputLeavesNothing(t *testing.T) {
 	}
 }
 
+// A config drive that fails to build (it is built while the domain is
+// defined) rolls back everything, the definition included.
+func TestCreateVMTaskConfigDriveFailureLeavesNothing(t *testing.T) {
+	f := newVMFixture(t)
+	f.kernelRootfs()
+	ident := vmIdentity{Namespace: "default", ContainerID: "vm1"}
+	// A directory where the drive's image goes makes the build fail.
+	vmDir := f.host.layout.vmDir(ident.runtimeKey())
+	if err := os.MkdirAll(filepath.Join(vmDir, "config-2.img", "x"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.create(nil); err == nil || !strings.Contains(err.Error(), "config-2.img") {
+		t.Fatalf("got %v, want an error naming config-2.img", err)
+	}
+	if len(f.fake.doms) != 0 {
+		t.Errorf("domains left: %v (calls %v)", f.fake.doms, f.fake.called())
+	}
+	assertGone(t, filepath.Join(f.bundle, recordFile), vmDir)
+	if isMountPoint(t, filepath.Join(vmDir, "vmlinuz")) {
+		t.Error("kernel mount left")
+	}
+}
+
 func TestCreateVMTaskDirectKernel(t *testing.T) {
 	f := newVMFixture(t)
 	f.kernelRootfs()
