@@ -25,9 +25,14 @@ type densityResult struct {
 	PerPodMs []float64 `json:"per_pod_ms"`
 	Summary  Summary   `json:"per_pod"`
 	// WallMs: from the start of the round until the last pod was RUNNING.
-	WallMs    float64  `json:"wall_ms"`
-	Failures  []string `json:"failures,omitempty"`
-	Leftovers []string `json:"leftovers,omitempty"`
+	WallMs float64 `json:"wall_ms"`
+	// ControlPlaneMs: CPU time per pod of containerd, the shims, libvirtd
+	// and virtlogd over the same span (sampleControlPlane); QEMU's own
+	// time, which runs the guests, is not in it.
+	ControlPlaneMs      map[string]float64 `json:"control_plane_cpu_ms_per_pod,omitempty"`
+	ControlPlaneTotalMs float64            `json:"control_plane_cpu_ms_per_pod_total,omitempty"`
+	Failures            []string           `json:"failures,omitempty"`
+	Leftovers           []string           `json:"leftovers,omitempty"`
 }
 
 // densityPoll is how often each pod's goroutine asks ContainerStatus.
@@ -99,10 +104,13 @@ func densityRound(ctx context.Context, e *env, d *daemon, n int) (densityResult,
 			o.dur = time.Since(t0)
 		}()
 	}
+	cpuBefore := sampleControlPlane(d)
 	start := time.Now()
 	close(gate)
 	wg.Wait()
 	res.WallMs = ms(time.Since(start))
+	cpu := sampleControlPlane(d).sub(cpuBefore)
+	res.ControlPlaneMs, res.ControlPlaneTotalMs = cpu.msPerPod(n), ms(cpu.total())/float64(n)
 
 	for i, o := range outcomes {
 		if o.err != nil {

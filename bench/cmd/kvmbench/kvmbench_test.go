@@ -198,3 +198,38 @@ func TestVirtioOffloads(t *testing.T) {
 		t.Errorf("not a bit string: %q", got)
 	}
 }
+
+func TestStatCPUTicks(t *testing.T) {
+	// A command name with a space and a parenthesis, as a process may
+	// choose; utime 7, stime 5, cutime 100, cstime 20.
+	stat := "1234 (odd) name) S 1 1234 1234 0 -1 4194560 500 0 0 0 7 5 100 20 20 0 3 0 100 1000 200"
+	for _, tc := range []struct {
+		children bool
+		want     int64
+	}{{false, 12}, {true, 132}} {
+		got, err := statCPUTicks(stat, tc.children)
+		if err != nil || got != tc.want {
+			t.Errorf("children=%v: %d, %v; want %d", tc.children, got, err, tc.want)
+		}
+	}
+	if _, err := statCPUTicks("1234 (short) S 1 2", false); err == nil {
+		t.Error("short stat: no error")
+	}
+}
+
+func TestShimStepTimes(t *testing.T) {
+	log := `time="x" level=info msg="defined VM" accel=tcg took="checks=0.0ms rootfs=0.5ms total=12.5ms" vm=a
+time="x" level=info msg="started VM" pid=7 took="libvirt_create=430.1ms resume=3.2ms total=433.3ms" vm=a
+time="x" level=info msg="other" took="total=99ms"
+time="x" level=info msg="defined VM" took="checks=0.1ms rootfs=0.7ms total=14.5ms" vm=b`
+	st := shimStepTimes("1.6", log)
+	if got := st.Create["total"]; len(got) != 2 || got[0] != 12.5 || got[1] != 14.5 {
+		t.Errorf("create totals %v", got)
+	}
+	if got := st.Start["libvirt_create"]; len(got) != 1 || got[0] != 430.1 {
+		t.Errorf("start libvirt_create %v", got)
+	}
+	if len(st.Start["total"]) != 1 {
+		t.Errorf("start totals %v (the unrelated line must not count)", st.Start["total"])
+	}
+}

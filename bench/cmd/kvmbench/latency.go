@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -39,6 +40,9 @@ type pathResult struct {
 	// `ctr run -d` exited, for the baseline define and create.
 	PhasesMs map[string][]float64 `json:"phases_ms"`
 	Failures []string             `json:"failures,omitempty"`
+	// Reference marks a path that starts no VM: `ctr run -d` of the pause
+	// image with runc, what containerd and ctr cost around any runtime.
+	Reference bool `json:"reference,omitempty"`
 }
 
 func (p *pathResult) phase(name string, d time.Duration) {
@@ -56,6 +60,8 @@ type latencyResults struct {
 	// (inactive) XML of a ctr-started VM, renamed, with fresh paths.
 	Template string        `json:"baseline_domain_xml"`
 	Paths    []*pathResult `json:"paths"`
+	// ShimSteps: the shim's own time inside Create and Start, per flavour.
+	ShimSteps []shimSteps `json:"shim_steps,omitempty"`
 }
 
 // baseline defines and creates the shim's domain XML with go-libvirt
@@ -94,9 +100,11 @@ func runLatency(ctx context.Context, e *env) (*latencyResults, error) {
 	for _, d := range e.daemons {
 		ctrP := &pathResult{Key: "ctr-" + d.name(), Label: "ctr run -d, containerd " + d.name(), Flavour: d.name()}
 		criP := &pathResult{Key: "cri-" + d.name(), Label: "CRI sandbox+create+start, containerd " + d.name(), Flavour: d.name()}
+		runcP := &pathResult{Key: "ctr-runc-" + d.name(), Label: "reference: ctr run -d of the pause image with runc, containerd " + d.name(), Flavour: d.name(), Reference: true}
 		steps = append(steps,
 			step{ctrP, func(i int, p *pathResult) error { return ctrRun(ctx, d, i, p) }},
-			step{criP, func(i int, p *pathResult) error { return criRun(ctx, d, i, p) }})
+			step{criP, func(i int, p *pathResult) error { return criRun(ctx, d, i, p) }},
+			step{runcP, func(i int, p *pathResult) error { return ctrRunRunc(ctx, d, i, p) }})
 	}
 	for _, s := range steps {
 		res.Paths = append(res.Paths, s.p)
@@ -125,8 +133,42 @@ func runLatency(ctx context.Context, e *env) (*latencyResults, error) {
 		if left := d.WaitNothingLeft(ctx, goneTimeout); len(left) > 0 {
 			return res, fmt.Errorf("containerd %s: left after the latency runs: %s", d.name(), strings.Join(left, "; "))
 		}
+		if b, err := os.ReadFile(d.LogPath); err == nil {
+			res.ShimSteps = append(res.ShimSteps, shimStepTimes(d.name(), string(b)))
+		}
 	}
 	return res, nil
+}
+
+// shimSteps are the shim's own step times, as it logs them at the end of
+// every VM Create ("defined VM") and Start ("started VM"), over every VM
+// of a containerd's run (warm-up and the template capture included).
+type shimSteps struct {
+	Flavour string               `json:"flavour"`
+	Create  map[string][]float64 `json:"create_ms"`
+	Start   map[string][]float64 `json:"start_ms"`
+}
+
+var (
+	shimStepLine = regexp.MustCompile(`msg="(defined|started) VM".*took="([^"]*)"`)
+	shimStep     = regexp.MustCompile(`([a-z_]+)=([0-9.]+)ms`)
+)
+
+// shimStepTimes collects the step times from a containerd log.
+func shimStepTimes(flavour, log string) shimSteps {
+	out := shimSteps{Flavour: flavour, Create: map[string][]float64{}, Start: map[string][]float64{}}
+	for _, m := range shimStepLine.FindAllStringSubmatch(log, -1) {
+		dst := out.Create
+		if m[1] == "started" {
+			dst = out.Start
+		}
+		for _, st := range shimStep.FindAllStringSubmatch(m[2], -1) {
+			if v, err := strconv.ParseFloat(st[2], 64); err == nil {
+				dst[st[1]] = append(dst[st[1]], v)
+			}
+		}
+	}
+	return out
 }
 
 // ctrRun: `ctr run -d` until the task is RUNNING, then the boot, then kill
@@ -163,6 +205,35 @@ func ctrRun(ctx context.Context, d *daemon, i int, p *pathResult) (retErr error)
 	p.phase("ctr_exited", exited)
 	p.FirstLineMs = append(p.FirstLineMs, ms(bt.FirstLine))
 	p.ReadyMs = append(p.ReadyMs, ms(bt.Ready))
+	return nil
+}
+
+// ctrRunRunc: `ctr run -d` of the pause image with containerd's runc shim
+// until the task is RUNNING, then kill and delete. No VM: it shows what
+// containerd and ctr cost around any runtime on this host.
+func ctrRunRunc(ctx context.Context, d *daemon, i int, p *pathResult) (retErr error) {
+	id := fmt.Sprintf("lat-runc-%d", i)
+	tasks, err := d.DialTasks()
+	if err != nil {
+		return err
+	}
+	defer tasks.Close()
+	defer func() {
+		if err := ctrRemove(ctx, d, tasks, id); err != nil && retErr == nil {
+			retErr = err
+		}
+	}()
+	t0 := time.Now()
+	r := d.Ctr(ctx, testenv.NamespaceDefault, "run", "-d", "--runtime", "io.containerd.runc.v2", d.pauseRef, id)
+	exited := time.Since(t0)
+	if r.Err != nil {
+		return fmt.Errorf("%v", r)
+	}
+	if err := waitTask(ctx, tasks, id, "RUNNING"); err != nil {
+		return err
+	}
+	p.StartMs = append(p.StartMs, ms(time.Since(t0)))
+	p.phase("ctr_exited", exited)
 	return nil
 }
 
