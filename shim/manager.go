@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -119,9 +120,30 @@ func serveCommand(ctx context.Context, id string, opts shim.StartOpts) (*exec.Cm
 	}
 	cmd := exec.Command(self, args...)
 	cmd.Dir = cwd
-	cmd.Env = append(os.Environ(), "GOMAXPROCS=2")
+	cmd.Env = serveEnv(os.Environ())
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	return cmd, nil
+}
+
+// serveEnv is the shim server's environment: two Ps are plenty for a
+// process that waits on sockets, and heap profiling is off from the first
+// allocation (nothing reads the profile, and its bucket table costs every
+// pod's shim about 150 KiB). A memprofilerate the user set is kept.
+func serveEnv(environ []string) []string {
+	env := make([]string, 0, len(environ)+2)
+	godebug := "memprofilerate=0"
+	for _, kv := range environ {
+		if v, ok := strings.CutPrefix(kv, "GODEBUG="); ok {
+			if strings.Contains(v, "memprofilerate=") {
+				godebug = v
+			} else if v != "" {
+				godebug = v + "," + godebug
+			}
+			continue
+		}
+		env = append(env, kv)
+	}
+	return append(env, "GOMAXPROCS=2", "GODEBUG="+godebug)
 }
 
 // Stop is the cleanup `delete` that containerd runs when a task's shim is
