@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"debug/buildinfo"
 	"fmt"
 	"os"
 	"os/exec"
@@ -58,7 +59,7 @@ func machineFacts(ctx context.Context, c *config) (facts, error) {
 	f.OtherQEMU = countProcesses("qemu-system-x86_64")
 	f.QEMU = firstLine(ctx, "/usr/bin/qemu-system-x86_64", "--version")
 	f.Runc = firstLine(ctx, "runc", "--version")
-	f.RuncShim = "containerd-shim-runc-v2 from " + lookPath("containerd-shim-runc-v2") + " (Debian's containerd package; both flavours use it)"
+	f.RuncShim = runcShimFacts(lookPath("containerd-shim-runc-v2"))
 	f.Shim = shimVersion(output(ctx, filepath.Join(c.binDir, shimBinary), "-v"))
 	f.Revision = strings.TrimSpace(output(ctx, "git", "describe", "--always", "--dirty"))
 	f.GuestKernel = "Debian cloud kernel of hack/guest/build.sh " + strings.TrimSpace(readFile("_output/guest-build/kernel.ref"))
@@ -173,4 +174,21 @@ func lookPath(name string) string {
 func readFile(p string) string {
 	b, _ := os.ReadFile(p)
 	return string(b)
+}
+
+// runcShimFacts says which runc shim both flavours resolve from PATH, and
+// which Go built it: the Go runtime's own share of a shim's memory
+// differs between releases.
+func runcShimFacts(path string) string {
+	what := "containerd-shim-runc-v2 from " + path
+	if path == "/usr/bin/containerd-shim-runc-v2" {
+		what += " (Debian's containerd package)"
+	}
+	if bi, err := buildinfo.ReadFile(path); err == nil {
+		what += ", built with " + bi.GoVersion
+		if bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+			what += " from " + bi.Main.Path + "@" + bi.Main.Version
+		}
+	}
+	return what + "; both flavours use it"
 }
