@@ -171,10 +171,25 @@ func shimStepTimes(flavour, log string) shimSteps {
 	return out
 }
 
-// ctrRun: `ctr run -d` until the task is RUNNING, then the boot, then kill
-// and delete.
-func ctrRun(ctx context.Context, d *daemon, i int, p *pathResult) (retErr error) {
-	id := fmt.Sprintf("lat-%d", i)
+// ctrRun: `ctr run -d` of the VM until the task is RUNNING, then the boot,
+// then kill and delete.
+func ctrRun(ctx context.Context, d *daemon, i int, p *pathResult) error {
+	return ctrTimed(ctx, d, fmt.Sprintf("lat-%d", i), p, true,
+		"--runtime", testenv.RuntimeKVM, "--runtime-config-path", d.ShimConfigPath, d.kernelRef)
+}
+
+// ctrRunRunc: `ctr run -d` of the pause image with containerd's runc shim
+// until the task is RUNNING, then kill and delete. No VM: it shows what
+// containerd and ctr cost around any runtime on this host.
+func ctrRunRunc(ctx context.Context, d *daemon, i int, p *pathResult) error {
+	return ctrTimed(ctx, d, fmt.Sprintf("lat-runc-%d", i), p, false,
+		"--runtime", "io.containerd.runc.v2", d.pauseRef)
+}
+
+// ctrTimed times `ctr run -d <args> <id>` until the task is RUNNING, and
+// with boot the guest's console until userspace; then the task and the
+// container are removed.
+func ctrTimed(ctx context.Context, d *daemon, id string, p *pathResult, boot bool, args ...string) (retErr error) {
 	tasks, err := d.DialTasks()
 	if err != nil {
 		return err
@@ -187,8 +202,7 @@ func ctrRun(ctx context.Context, d *daemon, i int, p *pathResult) (retErr error)
 	}()
 
 	t0 := time.Now()
-	r := d.Ctr(ctx, testenv.NamespaceDefault, "run", "-d", "--runtime", testenv.RuntimeKVM,
-		"--runtime-config-path", d.ShimConfigPath, d.kernelRef, id)
+	r := d.Ctr(ctx, testenv.NamespaceDefault, append(append([]string{"run", "-d"}, args...), id)...)
 	exited := time.Since(t0)
 	if r.Err != nil {
 		return fmt.Errorf("%v", r)
@@ -197,42 +211,15 @@ func ctrRun(ctx context.Context, d *daemon, i int, p *pathResult) (retErr error)
 		return err
 	}
 	start := time.Since(t0)
-	bt, err := bootWatch(ctx, t0, shimConsole(d.ShimStateDir))
-	if err != nil {
-		return err
+	if boot {
+		bt, err := bootWatch(ctx, t0, shimConsole(d.ShimStateDir))
+		if err != nil {
+			return err
+		}
+		p.FirstLineMs = append(p.FirstLineMs, ms(bt.FirstLine))
+		p.ReadyMs = append(p.ReadyMs, ms(bt.Ready))
 	}
 	p.StartMs = append(p.StartMs, ms(start))
-	p.phase("ctr_exited", exited)
-	p.FirstLineMs = append(p.FirstLineMs, ms(bt.FirstLine))
-	p.ReadyMs = append(p.ReadyMs, ms(bt.Ready))
-	return nil
-}
-
-// ctrRunRunc: `ctr run -d` of the pause image with containerd's runc shim
-// until the task is RUNNING, then kill and delete. No VM: it shows what
-// containerd and ctr cost around any runtime on this host.
-func ctrRunRunc(ctx context.Context, d *daemon, i int, p *pathResult) (retErr error) {
-	id := fmt.Sprintf("lat-runc-%d", i)
-	tasks, err := d.DialTasks()
-	if err != nil {
-		return err
-	}
-	defer tasks.Close()
-	defer func() {
-		if err := ctrRemove(ctx, d, tasks, id); err != nil && retErr == nil {
-			retErr = err
-		}
-	}()
-	t0 := time.Now()
-	r := d.Ctr(ctx, testenv.NamespaceDefault, "run", "-d", "--runtime", "io.containerd.runc.v2", d.pauseRef, id)
-	exited := time.Since(t0)
-	if r.Err != nil {
-		return fmt.Errorf("%v", r)
-	}
-	if err := waitTask(ctx, tasks, id, "RUNNING"); err != nil {
-		return err
-	}
-	p.StartMs = append(p.StartMs, ms(time.Since(t0)))
 	p.phase("ctr_exited", exited)
 	return nil
 }
