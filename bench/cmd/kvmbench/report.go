@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 )
@@ -193,19 +192,8 @@ func (r *results) buildLatency() {
 			if len(part.steps["total"]) == 0 {
 				continue
 			}
-			keys := make([]string, 0, len(part.steps))
-			for k := range part.steps {
-				if k != "total" {
-					keys = append(keys, k)
-				}
-			}
-			sort.Strings(keys)
-			parts := []string{"total " + fmtMs(summarize(part.steps["total"]).Median)}
-			for _, k := range keys {
-				parts = append(parts, fmt.Sprintf("%s %s", k, fmtMs(summarize(part.steps[k]).Median)))
-			}
 			r.Notes = append(r.Notes, fmt.Sprintf("The shim's own time in a VM %s, containerd %s, from its log (median ms over %d VMs): %s.",
-				part.name, st.Flavour, len(part.steps["total"]), strings.Join(parts, ", ")))
+				part.name, st.Flavour, len(part.steps["total"]), medianList(part.steps, "total")))
 		}
 	}
 	for _, p := range lat.Paths {
@@ -217,17 +205,28 @@ func (r *results) buildLatency() {
 			strings.TrimSuffix(msRange(first), fmt.Sprintf(" (n=%d)", first.N)), msRange(ready)), "", "info")
 	}
 	for _, p := range lat.Paths {
-		var parts []string
-		keys := make([]string, 0, len(p.PhasesMs))
-		for k := range p.PhasesMs {
+		r.Notes = append(r.Notes, fmt.Sprintf("Phases of %s (median ms): %s.", p.Label, medianList(p.PhasesMs, "")))
+	}
+}
+
+// medianList renders "name median, ..." for every series of m: lead
+// first when given, the others by name.
+func medianList(m map[string][]float64, lead string) string {
+	var keys []string
+	for k := range m {
+		if k != lead {
 			keys = append(keys, k)
 		}
-		slices.Sort(keys)
-		for _, k := range keys {
-			parts = append(parts, fmt.Sprintf("%s %s", k, fmtMs(summarize(p.PhasesMs[k]).Median)))
-		}
-		r.Notes = append(r.Notes, fmt.Sprintf("Phases of %s (median ms): %s.", p.Label, strings.Join(parts, ", ")))
 	}
+	slices.Sort(keys)
+	if _, ok := m[lead]; ok && lead != "" {
+		keys = append([]string{lead}, keys...)
+	}
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %s", k, fmtMs(summarize(m[k]).Median)))
+	}
+	return strings.Join(parts, ", ")
 }
 
 func (r *results) buildMemory() {
