@@ -58,7 +58,8 @@ var (
 type service struct {
 	shutdown shutdown.Service
 	events   *eventQueue
-	kvm      vm.KVMInfo // detected once at start
+	kvm      vm.KVMInfo  // detected once at start
+	trim     *memTrimmer // after Create, Start and Delete
 
 	createMu sync.Mutex // one Create at a time
 
@@ -74,8 +75,10 @@ func newService(ctx context.Context, publisher shim.Publisher, sd shutdown.Servi
 		events:   newEventQueue(ctx, publisher),
 		kvm:      vm.DetectKVM(),
 		tasks:    make(map[string]taskRunner),
+		trim:     newMemTrimmer(),
 	}
 	sd.RegisterCallback(func(context.Context) error {
+		s.trim.stop()
 		s.events.close()
 		return nil
 	})
@@ -113,6 +116,7 @@ func (s *service) get(id, execID string) (taskRunner, error) {
 }
 
 func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*taskAPI.CreateTaskResponse, error) {
+	defer s.trim.soon()
 	s.createMu.Lock()
 	defer s.createMu.Unlock()
 	if _, err := s.get(r.ID, ""); err == nil {
@@ -158,6 +162,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 }
 
 func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.StartResponse, error) {
+	defer s.trim.soon()
 	t, err := s.get(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
@@ -208,6 +213,7 @@ func (s *service) Wait(ctx context.Context, r *taskAPI.WaitRequest) (*taskAPI.Wa
 }
 
 func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
+	defer s.trim.soon()
 	t, err := s.get(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
