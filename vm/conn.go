@@ -27,8 +27,16 @@ type Conn struct {
 	mu sync.Mutex
 	l  *libvirt.Libvirt // guarded by mu; nil while disconnected
 
-	cancel context.CancelFunc
-	done   chan struct{}
+	cancel context.CancelFunc // ends the forwarding and reconnect loop
+	// subCtx carries the event subscriptions. It is canceled only after
+	// the disconnect, so that go-libvirt never deregisters a subscription
+	// while the connection closes: libvirt 9.0.0 crashes when it handles
+	// a client's deregistration and its close at the same time. A
+	// subscription ends when its connection does, and libvirtd drops
+	// the callbacks of a closed client itself.
+	subCtx    context.Context
+	subCancel context.CancelFunc
+	done      chan struct{}
 }
 
 // Connect dials libvirtd at socket and subscribes to lifecycle events. The
@@ -39,20 +47,26 @@ func Connect(ctx context.Context, socket string) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	ctx = context.WithoutCancel(ctx)
+	loopCtx, cancel := context.WithCancel(ctx)
+	subCtx, subCancel := context.WithCancel(ctx)
 	c := &Conn{
-		socket: socket,
-		events: make(chan Event, 64),
-		l:      l,
-		cancel: cancel,
-		done:   make(chan struct{}),
+		socket:    socket,
+		events:    make(chan Event, 64),
+		l:         l,
+		cancel:    cancel,
+		subCtx:    subCtx,
+		subCancel: subCancel,
+		done:      make(chan struct{}),
 	}
-	lifecycle, err := l.LifecycleEvents(ctx)
+	lifecycle, err := l.LifecycleEvents(subCtx)
 	if err != nil {
 		cancel()
+		subCancel()
 		_ = l.Disconnect()
 		return nil, fmt.Errorf("subscribe to libvirt lifecycle events: %w", err)
 	}
+	ctx = loopCtx
 	go c.run(ctx, l, lifecycle)
 	return c, nil
 }
@@ -76,6 +90,7 @@ func (c *Conn) Events() <-chan Event { return c.events }
 // polite disconnect gets two seconds (a shim that waits longer is killed
 // by containerd as leaked; closing the socket does the rest).
 func (c *Conn) Close() error {
+	defer c.subCancel()
 	c.cancel()
 	<-c.done
 	c.mu.Lock()
@@ -102,8 +117,8 @@ func (c *Conn) run(ctx context.Context, l *libvirt.Libvirt, lifecycle <-chan lib
 		c.pump(ctx, lifecycle)
 		if ctx.Err() != nil {
 			// go-libvirt's delivery goroutine blocks on its send until
-			// someone reads: drain it so it can see the cancellation,
-			// unsubscribe and close the channel.
+			// someone reads: drain it until Close's disconnect ends the
+			// subscription and the channel closes.
 			go func(ch <-chan libvirt.DomainEventLifecycleMsg) {
 				for range ch {
 				}
@@ -168,7 +183,7 @@ func (c *Conn) reconnect(ctx context.Context) (*libvirt.Libvirt, <-chan libvirt.
 			log.G(ctx).WithError(err).Debug("libvirtd not back yet")
 			continue
 		}
-		lifecycle, err := l.LifecycleEvents(ctx)
+		lifecycle, err := l.LifecycleEvents(c.subCtx)
 		if err != nil {
 			log.G(ctx).WithError(err).Warn("subscribe to libvirt lifecycle events")
 			_ = l.Disconnect()

@@ -1,0 +1,132 @@
+package vm
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// libvirtdPID reads the pid libvirtd wrote at start, "" when it is not
+// running as a daemon here.
+func libvirtdPID(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("/var/run/libvirtd.pid")
+	if err != nil {
+		return ""
+	}
+	pid := strings.TrimSpace(string(b))
+	if _, err := os.Stat("/proc/" + pid); err != nil {
+		return ""
+	}
+	return pid
+}
+
+// Shims come and go in bursts (a node drains, a density test removes its
+// pods at once), each with an event subscription. Closing must not make
+// libvirtd handle the subscription's deregistration and the connection's
+// close at the same time: libvirt 9.0.0 then crashed
+// (remoteClientFreePrivateCallbacks: "unexpected incomplete domain
+// callback", SIGSEGV in an rpc-libvirtd thread).
+func TestConnCloseBurstKeepsLibvirtd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("talks to the host's libvirtd")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for libvirtd's read-write socket")
+	}
+	pid := libvirtdPID(t)
+	if pid == "" {
+		t.Skip("libvirtd is not running (hack/setup-host.sh starts it)")
+	}
+	ctx := context.Background()
+
+	// Lifecycle events flow the whole time, as they do while pods come
+	// and go: a domain that needs no QEMU is defined and undefined in a
+	// loop, and every subscriber gets each event.
+	churn, err := Connect(ctx, DefaultSocket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for range churn.Events() {
+		}
+	}()
+	spec := baseSpec()
+	spec.Name = fmt.Sprintf("kvm-conntest-%d", os.Getpid())
+	spec.UUID = fmt.Sprintf("6f1c2a4e-8d3b-5e7f-9a0b-%012x", os.Getpid())
+	spec.Kernel = &Kernel{Path: "/nonexistent/vmlinuz"} // never started
+	domainXML, err := Render(&spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := churn.Define(domainXML); err != nil {
+				t.Error(err)
+				return
+			}
+			if err := churn.Undefine(spec.Name); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		close(stop)
+		<-stopped
+		_ = churn.Undefine(spec.Name)
+		_ = churn.Close()
+	})
+
+	const rounds, conns = 25, 12
+	for r := 0; r < rounds; r++ {
+		var wg sync.WaitGroup
+		errs := make(chan error, conns)
+		for i := 0; i < conns; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c, err := Connect(ctx, DefaultSocket)
+				if err != nil {
+					errs <- err
+					return
+				}
+				select { // subscribed, and events are arriving
+				case <-c.Events():
+				case <-time.After(5 * time.Second):
+					errs <- fmt.Errorf("no lifecycle event within 5s")
+				}
+				if err := c.Close(); err != nil {
+					errs <- err
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatalf("round %d: %v", r, err)
+		}
+		if got := libvirtdPID(t); got != pid {
+			t.Fatalf("round %d: libvirtd (pid %s) is gone, now %q: it crashed while connections closed", r, pid, got)
+		}
+	}
+	c, err := Connect(ctx, DefaultSocket)
+	if err != nil {
+		t.Fatalf("libvirtd does not answer after the bursts: %v", err)
+	}
+	defer c.Close()
+	if _, err := c.Version(); err != nil {
+		t.Fatalf("libvirtd does not answer after the bursts: %v", err)
+	}
+}
