@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepare this host for building and testing containerd-shim-kvm-v1:
 # install the Debian packages, start virtlogd and libvirtd (no systemd here),
-# and build containerd 2.x for the integration tests' second flavour.
+# and build containerd 2.x (with its runc shim) for the integration tests'
+# second flavour.
 #
 # Idempotent and quiet when everything is already in place: it then prints
 # only the final one-line version summary.
@@ -85,6 +86,7 @@ wait_libvirt() {
 
 build_containerd2() {
 	if [ -x "$CONTAINERD2_BIN/containerd" ] && [ -x "$CONTAINERD2_BIN/ctr" ] &&
+		[ -x "$CONTAINERD2_BIN/containerd-shim-runc-v2" ] &&
 		"$CONTAINERD2_BIN/containerd" --version | grep -qF " ${CONTAINERD2_VERSION#v}"; then
 		return 0
 	fi
@@ -94,7 +96,8 @@ build_containerd2() {
 	# Run outside any module so the project's go.mod does not interfere.
 	(cd / && GOBIN=$CONTAINERD2_BIN GOFLAGS=-buildvcs=false go install \
 		"github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD2_VERSION" \
-		"github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD2_VERSION")
+		"github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD2_VERSION" \
+		"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD2_VERSION")
 }
 
 install_packages

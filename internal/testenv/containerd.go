@@ -138,7 +138,7 @@ func Start(ctx context.Context, f Flavour, o Options) (*Containerd, error) {
 	}
 	c.cmd = exec.Command(argv[0], argv[1:]...)
 	c.cmd.Stdout, c.cmd.Stderr = logf, logf
-	path := os.Getenv("PATH")
+	path := filepath.Dir(f.RuncShim) + ":" + os.Getenv("PATH")
 	if o.PathPrefix != "" {
 		path = o.PathPrefix + ":" + path
 	}

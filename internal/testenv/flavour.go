@@ -12,6 +12,10 @@ type Flavour struct {
 	Name       string // "1.6" or "2.x"
 	Containerd string // the daemon binary
 	Ctr        string // ctr of the same release
+	// RuncShim is the containerd-shim-runc-v2 of the same release. Its
+	// directory comes first in the daemon's PATH after the caller's
+	// PathPrefix, so each daemon runs its own release's runc shim.
+	RuncShim string
 
 	// configVersion is the version of the daemon's config: 2 for 1.6, 3
 	// for 2.x. It selects the layout of the one config template.
@@ -21,12 +25,14 @@ type Flavour struct {
 var flavours = map[string]Flavour{
 	"1.6": {
 		Name: "1.6", Containerd: "/usr/bin/containerd", Ctr: "/usr/bin/ctr",
+		RuncShim:      "/usr/bin/containerd-shim-runc-v2",
 		configVersion: 2,
 	},
 	"2.x": {
 		Name:          "2.x",
 		Containerd:    "/usr/local/lib/kvm-shim/containerd-v2.2.1/bin/containerd",
 		Ctr:           "/usr/local/lib/kvm-shim/containerd-v2.2.1/bin/ctr",
+		RuncShim:      "/usr/local/lib/kvm-shim/containerd-v2.2.1/bin/containerd-shim-runc-v2",
 		configVersion: 3,
 	},
 }

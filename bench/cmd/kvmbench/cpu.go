@@ -18,8 +18,9 @@ const clockTick = 10 * time.Millisecond
 // controlPlane is the CPU time the control plane of one containerd has
 // used so far, by component: the daemon itself (with the children it has
 // reaped: `shim start` invocations, CNI plugins), every shim process
-// serving it, and the libvirt daemons. The QEMU processes, which run the
-// guests, are not part of it.
+// serving it (with its reaped children: mkfs.vfat and mcopy for ours, runc
+// for runc's), and the libvirt daemons. The QEMU processes, which run the
+// guests, and the containers' own processes are not part of it.
 type controlPlane map[string]time.Duration
 
 // Components of controlPlane.
@@ -36,7 +37,7 @@ func sampleControlPlane(d *daemon) controlPlane {
 	cp := controlPlane{}
 	cp[cpContainerd] = processCPU(d.Pid(), true)
 	for _, p := range d.ShimProcesses() {
-		cp[cpShims] += processCPU(p.Pid, false)
+		cp[cpShims] += processCPU(p.Pid, true)
 	}
 	for _, name := range []string{cpLibvirtd, cpVirtlogd} {
 		for _, p := range testenv.ProcessesMatching(func(args []string) bool {

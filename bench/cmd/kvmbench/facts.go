@@ -59,7 +59,7 @@ func machineFacts(ctx context.Context, c *config) (facts, error) {
 	f.OtherQEMU = countProcesses("qemu-system-x86_64")
 	f.QEMU = firstLine(ctx, "/usr/bin/qemu-system-x86_64", "--version")
 	f.Runc = firstLine(ctx, "runc", "--version")
-	f.RuncShim = runcShimFacts(lookPath("containerd-shim-runc-v2"))
+	f.RuncShim = runcShimFacts(c.flavours)
 	f.Shim = shimVersion(output(ctx, filepath.Join(c.binDir, shimBinary), "-v"))
 	f.Revision = strings.TrimSpace(output(ctx, "git", "describe", "--always", "--dirty"))
 	f.GuestKernel = "Debian cloud kernel of hack/guest/build.sh " + strings.TrimSpace(readFile("_output/guest-build/kernel.ref"))
@@ -163,32 +163,34 @@ func output(ctx context.Context, name string, args ...string) string {
 	return string(out)
 }
 
-func lookPath(name string) string {
-	p, err := exec.LookPath(name)
-	if err != nil {
-		return "(not found)"
-	}
-	return p
-}
-
 func readFile(p string) string {
 	b, _ := os.ReadFile(p)
 	return string(b)
 }
 
-// runcShimFacts says which runc shim both flavours resolve from PATH, and
-// which Go built it: the Go runtime's own share of a shim's memory
-// differs between releases.
-func runcShimFacts(path string) string {
-	what := "containerd-shim-runc-v2 from " + path
-	if path == "/usr/bin/containerd-shim-runc-v2" {
-		what += " (Debian's containerd package)"
-	}
-	if bi, err := buildinfo.ReadFile(path); err == nil {
-		what += ", built with " + bi.GoVersion
-		if bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-			what += " from " + bi.Main.Path + "@" + bi.Main.Version
+// runcShimFacts says which runc shim each flavour's daemon runs (the one
+// of its own release, testenv.Flavour.RuncShim) and which Go built it: the
+// Go runtime's own share of a shim's memory differs between releases.
+func runcShimFacts(flavours []string) string {
+	var parts []string
+	for _, name := range flavours {
+		f, err := testenv.LookupFlavour(name)
+		if err != nil {
+			continue
 		}
+		what := name + ": " + f.RuncShim
+		if f.RuncShim == "/usr/bin/containerd-shim-runc-v2" {
+			what += " (Debian's containerd package)"
+		}
+		if bi, err := buildinfo.ReadFile(f.RuncShim); err == nil {
+			what += ", built with " + bi.GoVersion
+			if bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+				what += " from " + bi.Main.Path + "@" + bi.Main.Version
+			}
+		} else {
+			what += " (missing: run hack/setup-host.sh)"
+		}
+		parts = append(parts, what)
 	}
-	return what + "; both flavours use it"
+	return strings.Join(parts, "; ")
 }
