@@ -90,7 +90,6 @@ func (c *Conn) Events() <-chan Event { return c.events }
 // polite disconnect gets two seconds (a shim that waits longer is killed
 // by containerd as leaked; closing the socket does the rest).
 func (c *Conn) Close() error {
-	defer c.subCancel()
 	c.cancel()
 	<-c.done
 	c.mu.Lock()
@@ -98,14 +97,19 @@ func (c *Conn) Close() error {
 	c.l = nil
 	c.mu.Unlock()
 	if l == nil {
+		c.subCancel()
 		return nil
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- l.Disconnect() }()
 	select {
 	case err := <-errc:
+		c.subCancel()
 		return err
 	case <-time.After(2 * time.Second):
+		// The subscription stays: canceling it now would send the
+		// deregistration while the close may still be in flight. It
+		// ends with the connection.
 		return fmt.Errorf("disconnect from libvirtd at %s: timed out", c.socket)
 	}
 }

@@ -138,7 +138,10 @@ func Start(ctx context.Context, f Flavour, o Options) (*Containerd, error) {
 	}
 	c.cmd = exec.Command(argv[0], argv[1:]...)
 	c.cmd.Stdout, c.cmd.Stderr = logf, logf
-	path := filepath.Dir(f.RuncShim) + ":" + os.Getenv("PATH")
+	path := os.Getenv("PATH")
+	if f.RuncShim != "" {
+		path = filepath.Dir(f.RuncShim) + ":" + path
+	}
 	if o.PathPrefix != "" {
 		path = o.PathPrefix + ":" + path
 	}
