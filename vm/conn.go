@@ -104,7 +104,9 @@ func (c *Conn) Close() error {
 	go func() { errc <- l.Disconnect() }()
 	select {
 	case err := <-errc:
-		c.subCancel()
+		if err == nil { // else the socket may still be open
+			c.subCancel()
+		}
 		return err
 	case <-time.After(2 * time.Second):
 		// The subscription stays: canceling it now would send the
@@ -117,16 +119,20 @@ func (c *Conn) Close() error {
 func (c *Conn) run(ctx context.Context, l *libvirt.Libvirt, lifecycle <-chan libvirt.DomainEventLifecycleMsg) {
 	defer close(c.done)
 	defer close(c.events)
-	for {
-		c.pump(ctx, lifecycle)
-		if ctx.Err() != nil {
-			// go-libvirt's delivery goroutine blocks on its send until
-			// someone reads: drain it until Close's disconnect ends the
-			// subscription and the channel closes.
+	// go-libvirt's delivery goroutine blocks on its send until someone
+	// reads: on every way out, drain the current subscription until
+	// Close's disconnect ends it and the channel closes.
+	defer func() {
+		if lifecycle != nil {
 			go func(ch <-chan libvirt.DomainEventLifecycleMsg) {
 				for range ch {
 				}
 			}(lifecycle)
+		}
+	}()
+	for {
+		c.pump(ctx, lifecycle)
+		if ctx.Err() != nil {
 			return
 		}
 		c.mu.Lock()

@@ -51,6 +51,7 @@ func TestConnCloseBurstKeepsLibvirtd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = churn.Close() })
 	go func() {
 		for range churn.Events() {
 		}
@@ -86,7 +87,6 @@ func TestConnCloseBurstKeepsLibvirtd(t *testing.T) {
 		close(stop)
 		<-stopped
 		_ = churn.Undefine(spec.Name)
-		_ = churn.Close()
 	})
 
 	const rounds, conns = 25, 12

@@ -97,6 +97,25 @@ type Containerd struct {
 	waitErr error         // set before exited is closed
 }
 
+// runcShimDir makes a directory below daemonDir that holds only a link
+// to shim as containerd-shim-runc-v2, for the front of the daemon's PATH:
+// the daemon finds its own release's runc shim, and nothing else in the
+// shim's directory (runc itself, say) moves ahead of the caller's PATH.
+func runcShimDir(daemonDir, shim string) (string, error) {
+	if _, err := os.Stat(shim); err != nil {
+		return "", fmt.Errorf("runc shim: %w (hack/setup-host.sh installs it)", err)
+	}
+	dir := filepath.Join(daemonDir, "runc-shim")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	link := filepath.Join(dir, "containerd-shim-runc-v2")
+	if err := os.Remove(link); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return "", err
+	}
+	return dir, os.Symlink(shim, link)
+}
+
 // Start writes the configs below o.Dir, starts the daemon and waits until it
 // answers and CRI reports the runtime and the network ready. On error the
 // returned Containerd, if not nil, must still be stopped.
@@ -140,7 +159,11 @@ func Start(ctx context.Context, f Flavour, o Options) (*Containerd, error) {
 	c.cmd.Stdout, c.cmd.Stderr = logf, logf
 	path := os.Getenv("PATH")
 	if f.RuncShim != "" {
-		path = filepath.Dir(f.RuncShim) + ":" + path
+		dir, err := runcShimDir(o.Dir, f.RuncShim)
+		if err != nil {
+			return nil, err
+		}
+		path = dir + ":" + path
 	}
 	if o.PathPrefix != "" {
 		path = o.PathPrefix + ":" + path

@@ -12,8 +12,8 @@ type Flavour struct {
 	Name       string // "1.6" or "2.x"
 	Containerd string // the daemon binary
 	Ctr        string // ctr of the same release
-	// RuncShim is the containerd-shim-runc-v2 of the same release. Its
-	// directory comes first in the daemon's PATH after the caller's
+	// RuncShim is the containerd-shim-runc-v2 of the same release. A
+	// link to it comes first in the daemon's PATH after the caller's
 	// PathPrefix, so each daemon runs its own release's runc shim.
 	RuncShim string
 

@@ -179,3 +179,30 @@ func TestLeftoverDomain(t *testing.T) {
 		t.Error("a mount is not a domain")
 	}
 }
+
+func TestRuncShimDirHoldsOnlyTheLink(t *testing.T) {
+	daemon := t.TempDir()
+	shim := filepath.Join(t.TempDir(), "containerd-shim-runc-v2")
+	if err := os.WriteFile(shim, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // a restarted daemon reuses its dir
+		dir, err := runcShimDir(daemon, shim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(entries) != 1 || entries[0].Name() != "containerd-shim-runc-v2" {
+			t.Fatalf("%s holds %v, want only containerd-shim-runc-v2", dir, entries)
+		}
+		if got, err := os.Readlink(filepath.Join(dir, "containerd-shim-runc-v2")); err != nil || got != shim {
+			t.Fatalf("link = %q, %v; want %q", got, err, shim)
+		}
+	}
+	if _, err := runcShimDir(daemon, filepath.Join(t.TempDir(), "missing")); err == nil {
+		t.Fatal("a missing runc shim was accepted")
+	}
+}

@@ -52,8 +52,10 @@ func runDensity(ctx context.Context, e *env) ([]densityResult, error) {
 			// after a new emulator wrapper path waits seconds for
 			// libvirt to probe it, which would inflate the 1-pod round.
 			logf("density: containerd %s, warm-up %s pod", d.name(), rt)
-			if _, err := densityRound(ctx, e, d, rt, 1); err != nil {
+			if w, err := densityRound(ctx, e, d, rt, 1); err != nil {
 				return out, fmt.Errorf("containerd %s, warm-up %s pod: %w", d.name(), rt, err)
+			} else if len(w.Failures)+len(w.Leftovers) > 0 {
+				return out, fmt.Errorf("containerd %s, warm-up %s pod: %s", d.name(), rt, strings.Join(append(w.Failures, w.Leftovers...), "; "))
 			}
 			for _, n := range e.cfg.densityPods {
 				logf("density: containerd %s, %d %s pod(s) at once", d.name(), n, rt)
