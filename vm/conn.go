@@ -47,9 +47,8 @@ func Connect(ctx context.Context, socket string) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	ctx = context.WithoutCancel(ctx)
-	loopCtx, cancel := context.WithCancel(ctx)
-	subCtx, subCancel := context.WithCancel(ctx)
+	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	subCtx, subCancel := context.WithCancel(context.WithoutCancel(ctx))
 	c := &Conn{
 		socket:    socket,
 		events:    make(chan Event, 64),
@@ -66,8 +65,7 @@ func Connect(ctx context.Context, socket string) (*Conn, error) {
 		_ = l.Disconnect()
 		return nil, fmt.Errorf("subscribe to libvirt lifecycle events: %w", err)
 	}
-	ctx = loopCtx
-	go c.run(ctx, l, lifecycle)
+	go c.run(loopCtx, l, lifecycle)
 	return c, nil
 }
 

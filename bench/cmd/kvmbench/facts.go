@@ -56,7 +56,7 @@ func machineFacts(ctx context.Context, c *config) (facts, error) {
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
 		f.LoadAtStart = strings.Join(strings.Fields(string(b))[:3], " ")
 	}
-	f.OtherQEMU = countProcesses("qemu-system-x86_64")
+	f.OtherQEMU = otherQEMU("")
 	f.QEMU = firstLine(ctx, "/usr/bin/qemu-system-x86_64", "--version")
 	f.Runc = firstLine(ctx, "runc", "--version")
 	f.RuncShim = runcShimFacts(c.flavours)
@@ -133,20 +133,6 @@ func accelReason() string {
 		return "no /dev/kvm: every guest runs under TCG (software emulation)"
 	}
 	return "the benchmark configures accel = \"tcg\": every guest runs under TCG (software emulation)"
-}
-
-func countProcesses(exe string) int {
-	entries, _ := os.ReadDir("/proc")
-	n := 0
-	for _, e := range entries {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
-			continue
-		}
-		if target, err := os.Readlink(filepath.Join("/proc", e.Name(), "exe")); err == nil && filepath.Base(target) == exe {
-			n++
-		}
-	}
-	return n
 }
 
 func firstLine(ctx context.Context, name string, args ...string) string {

@@ -291,16 +291,22 @@ func (r *results) buildDensity() {
 	for _, gr := range groups {
 		f, rounds := gr.flavour, byGroup[gr]
 		sec, label, key := "4 density (TCG)", "containerd "+f, f
-		if gr.runtime != "kvm" {
+		reference := gr.runtime != "kvm"
+		if reference {
 			label = "reference: " + gr.runtime + " pause pods, containerd " + f
 			key = gr.runtime + "_" + f
 		}
+		// verdict is the target and status of a row: a reference row is
+		// measured against nothing.
+		verdict := func(target, status string) (string, string) {
+			if reference {
+				return "", "reference"
+			}
+			return target, status
+		}
 		for _, d := range rounds {
 			fails := len(d.Failures) + len(d.Leftovers)
-			target, status := "0 failures", met(fails == 0)
-			if gr.runtime != "kvm" {
-				target, status = "", "reference"
-			}
+			target, status := verdict("0 failures", met(fails == 0))
 			r.add(sec, fmt.Sprintf("%s, %d pod(s) at once", label, d.Pods),
 				fmt.Sprintf("per pod %s, max %s ms; all RUNNING after %s ms; %d failure(s)%s",
 					strings.TrimSuffix(msRange(d.Summary), fmt.Sprintf(" (n=%d)", d.Summary.N)), fmtMs(d.Summary.Max), fmtMs(d.WallMs), fails, leftoverNote(d)),
@@ -316,17 +322,13 @@ func (r *results) buildDensity() {
 		}
 		r.Derived[fmt.Sprintf("density_growth_%s_1_to_%d", key, most.Pods)] = g
 		value := fmt.Sprintf("%.2fx per-pod time (median %s -> %s ms)", g, fmtMs(one.Summary.Median), fmtMs(most.Summary.Median))
-		if gr.runtime != "kvm" {
-			r.add(sec, fmt.Sprintf("%s, growth 1 -> %d pods", label, most.Pods), value, "", "reference")
-		} else {
-			if ref, ok := byGroup[group{f, "runc"}]; ok {
-				if rg, _, _, ok := growth(ref); ok {
-					value += fmt.Sprintf("; runc pause pods in the same containerd: %.2fx", rg)
-				}
+		if ref, ok := byGroup[group{f, "runc"}]; ok && !reference {
+			if rg, _, _, ok := growth(ref); ok {
+				value += fmt.Sprintf("; runc pause pods in the same containerd: %.2fx", rg)
 			}
-			r.add(sec, fmt.Sprintf("%s, growth 1 -> %d pods", label, most.Pods), value,
-				fmt.Sprintf("<= %.1fx", targetDensityGrowth), met(g <= targetDensityGrowth && len(most.Failures) == 0))
 		}
+		target, status := verdict(fmt.Sprintf("<= %.1fx", targetDensityGrowth), met(g <= targetDensityGrowth && len(most.Failures) == 0))
+		r.add(sec, fmt.Sprintf("%s, growth 1 -> %d pods", label, most.Pods), value, target, status)
 		// The amortised view: wall time of the round per pod, the
 		// control plane's cost per pod when pods come in a batch.
 		a1, aN := one.WallMs, most.WallMs/float64(most.Pods)
@@ -335,10 +337,7 @@ func (r *results) buildDensity() {
 			fmt.Sprintf("%.2fx (%s -> %s ms per pod)", aN/a1, fmtMs(a1), fmtMs(aN)), "", "info")
 		if c1, cN := one.ControlPlaneTotalMs, most.ControlPlaneTotalMs; c1 > 0 && cN > 0 {
 			r.Derived[fmt.Sprintf("density_cpu_growth_%s_1_to_%d", key, most.Pods)] = cN / c1
-			target, status := fmt.Sprintf("<= %.1fx", targetDensityGrowth), met(cN/c1 <= targetDensityGrowth && len(most.Failures) == 0)
-			if gr.runtime != "kvm" {
-				target, status = "", "reference"
-			}
+			target, status := verdict(fmt.Sprintf("<= %.1fx", targetDensityGrowth), met(cN/c1 <= targetDensityGrowth && len(most.Failures) == 0))
 			r.add(sec, fmt.Sprintf("%s, control-plane CPU per pod, 1 -> %d", label, most.Pods),
 				fmt.Sprintf("%.2fx (%s -> %s ms per pod)", cN/c1, fmtMs(c1), fmtMs(cN)), target, status)
 		}
