@@ -119,6 +119,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 	defer s.trim.soon()
 	s.createMu.Lock()
 	defer s.createMu.Unlock()
+	took := newPhases()
 	if _, err := s.get(r.ID, ""); err == nil {
 		return nil, fmt.Errorf("task %s: %w", r.ID, errdefs.ErrAlreadyExists)
 	}
@@ -136,6 +137,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 	req := createRequest{
 		id: r.ID, bundle: r.Bundle, spec: spec, rootfs: mounts(r.Rootfs),
 		stdio: stdio{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
+		took:  took,
 	}
 	ident := identity(ctx, r.ID, spec)
 	var t taskRunner
@@ -145,6 +147,8 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 		req.netns = podNetns(spec, s.sandboxNetns(ident.SandboxID))
 		var h *host
 		if h, err = s.vmHost(ctx, cfg); err == nil {
+			// spec, shim config and, at the shim's first VM, the libvirt connection
+			took.mark("host")
 			t, err = createVMTask(ctx, h, req, ident, s.events.send)
 		}
 	}

@@ -44,6 +44,9 @@ type createRequest struct {
 	stdio      stdio
 	spec       *specs.Spec
 	netns      string // the pod's network namespace; "" for no network
+	// took times the Create for its log line; started when the request
+	// arrived. nil starts the timing in createVMTask.
+	took *phases
 }
 
 // vmSettings is everything a VM container asks for, read from its OCI
@@ -88,7 +91,10 @@ func vmSettingsFrom(spec *specs.Spec, cfg Config, io stdio) (vmSettings, error) 
 // failure leaves no mount, file or domain behind.
 func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentity, publish func(any)) (_ *vmTask, retErr error) {
 	// Input checks first: nothing is created for a request that is wrong.
-	ph := newPhases()
+	ph := r.took
+	if ph == nil {
+		ph = newPhases()
+	}
 	set, err := vmSettingsFrom(r.spec, h.cfg, r.stdio)
 	if err != nil {
 		return nil, err

@@ -3,8 +3,11 @@ package main
 import (
 	"bufio"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestSummarize(t *testing.T) {
@@ -231,5 +234,56 @@ time="x" level=info msg="defined VM" took="checks=0.1ms rootfs=0.7ms total=14.5m
 	}
 	if len(st.Start["total"]) != 1 {
 		t.Errorf("start totals %v (the unrelated line must not count)", st.Start["total"])
+	}
+}
+
+func TestStartParts(t *testing.T) {
+	dir := t.TempDir()
+	logPath := filepath.Join(dir, "containerd.log")
+	earlier := `time="2026-11-22T13:00:00.000000000Z" level=info msg="defined VM" took="define=1.0ms total=9.0ms" vm=old
+time="2026-11-22T13:00:00.500000000Z" level=info msg="started VM" took="libvirt_create=400.0ms total=410.0ms" vm=old
+`
+	run := `time="2026-11-22T13:16:01.650000000Z" level=debug msg="starting signal loop"
+time="2026-11-22T13:16:01.695000000Z" level=info msg="defined VM" accel=tcg took="checks=0.0ms define=6.5ms total=17.0ms" vcpus=1 vm=kvm-default-lat-2
+time="2026-11-22T13:16:02.184000000Z" level=info msg="started VM" pid=13968 took="libvirt_create=476.0ms resume=6.0ms total=482.0ms" vm=kvm-default-lat-2
+`
+	if err := os.WriteFile(logPath, []byte(earlier), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	offset := logSize(logPath)
+	f, err := os.OpenFile(logPath, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString(run); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+
+	t0 := time.Date(2026, 11, 22, 13, 16, 1, 600_000_000, time.UTC)
+	running := time.Date(2026, 11, 22, 13, 16, 2, 190_000_000, time.UTC)
+	parts, err := startParts(logPath, offset, t0, running)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]time.Duration{
+		partToCreate:  78 * time.Millisecond, // 01.695 - 17 ms - 01.600
+		partCreate:    17 * time.Millisecond,
+		partToStart:   7 * time.Millisecond, // 02.184 - 482 ms - 01.695
+		partStart:     482 * time.Millisecond,
+		partToRunning: 6 * time.Millisecond,
+	}
+	for k, w := range want {
+		if d := parts[k] - w; d > time.Microsecond || d < -time.Microsecond {
+			t.Errorf("%s = %v, want %v", k, parts[k], w)
+		}
+	}
+	// From the start of the log, the earlier run's lines make it ambiguous.
+	if _, err := startParts(logPath, 0, t0, running); err == nil || !strings.Contains(err.Error(), "more than one") {
+		t.Errorf("two runs' lines: err = %v", err)
+	}
+	// A run that started no VM logged neither line.
+	if _, err := startParts(logPath, logSize(logPath), t0, running); err == nil {
+		t.Error("no lines: want an error")
 	}
 }

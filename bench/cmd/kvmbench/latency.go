@@ -39,6 +39,9 @@ type pathResult struct {
 	// PhasesMs splits StartMs: for CRI the three calls, for ctr the moment
 	// `ctr run -d` exited, for the baseline define and create.
 	PhasesMs map[string][]float64 `json:"phases_ms"`
+	// PartsMs splits StartMs of a VM path by the shim's own log lines:
+	// before, inside, between and after its Create and Start (startPartNames).
+	PartsMs  map[string][]float64 `json:"parts_ms,omitempty"`
 	Failures []string             `json:"failures,omitempty"`
 	// Reference marks a path that starts no VM: `ctr run -d` of the pause
 	// image with runc, what containerd and ctr cost around any runtime.
@@ -201,6 +204,7 @@ func ctrTimed(ctx context.Context, d *daemon, id string, p *pathResult, boot boo
 		}
 	}()
 
+	offset := logSize(d.LogPath)
 	t0 := time.Now()
 	r := d.Ctr(ctx, testenv.NamespaceDefault, append(append([]string{"run", "-d"}, args...), id)...)
 	exited := time.Since(t0)
@@ -218,6 +222,7 @@ func ctrTimed(ctx context.Context, d *daemon, id string, p *pathResult, boot boo
 		}
 		p.FirstLineMs = append(p.FirstLineMs, ms(bt.FirstLine))
 		p.ReadyMs = append(p.ReadyMs, ms(bt.Ready))
+		addStartParts(p, d.LogPath, offset, t0, t0.Add(start))
 	}
 	p.StartMs = append(p.StartMs, ms(start))
 	p.phase("ctr_exited", exited)
@@ -305,6 +310,7 @@ func criRun(ctx context.Context, d *daemon, i int, p *pathResult) (retErr error)
 		}
 	}()
 
+	offset := logSize(d.LogPath)
 	t0 := time.Now()
 	pod, err = cl.RunPod(ctx, testenv.PodOptions{Name: fmt.Sprintf("lat-%d", i), Namespace: "kvmbench", Handler: "kvm"})
 	if err != nil {
@@ -336,6 +342,7 @@ func criRun(ctx context.Context, d *daemon, i int, p *pathResult) (retErr error)
 	p.phase("start_container", tStart-tCreate)
 	p.FirstLineMs = append(p.FirstLineMs, ms(bt.FirstLine))
 	p.ReadyMs = append(p.ReadyMs, ms(bt.Ready))
+	addStartParts(p, d.LogPath, offset, t0, t0.Add(start))
 	return nil
 }
 

@@ -207,6 +207,17 @@ func (r *results) buildLatency() {
 	for _, p := range lat.Paths {
 		r.Notes = append(r.Notes, fmt.Sprintf("Phases of %s (median ms): %s.", p.Label, medianList(p.PhasesMs, "")))
 	}
+	for _, p := range lat.Paths {
+		if len(p.PartsMs) == 0 {
+			continue
+		}
+		parts := make([]string, 0, len(startPartNames))
+		for _, name := range startPartNames {
+			parts = append(parts, fmt.Sprintf("%s %s", name, fmtMs(summarize(p.PartsMs[name]).Median)))
+		}
+		r.Notes = append(r.Notes, fmt.Sprintf("Where the start time of %s goes, from t0 to RUNNING, by the shim's log lines (median ms over %d runs): %s.",
+			p.Label, len(p.PartsMs[partCreate]), strings.Join(parts, ", ")))
+	}
 }
 
 // medianList renders "name median, ..." for every series of m: lead
