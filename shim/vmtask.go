@@ -44,8 +44,8 @@ type createRequest struct {
 	stdio      stdio
 	spec       *specs.Spec
 	netns      string // the pod's network namespace; "" for no network
-	// took times the Create for its log line; started when the request
-	// arrived. nil starts the timing in createVMTask.
+	// took times the Create for its log line, from when the request got
+	// the shim's create lock; nil starts the timing in createVMTask.
 	took *phases
 }
 

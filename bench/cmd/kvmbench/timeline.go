@@ -12,8 +12,8 @@ import (
 // The parts of one start, from the shim's own log lines: where the time
 // goes before, inside, between and after the shim's Create and Start.
 const (
-	partToCreate  = "to_shim_create" // client, containerd, shim process start, libvirt connect
-	partCreate    = "shim_create"    // the shim's Create, as it logs it
+	partToCreate  = "to_shim_create" // the client, containerd, the shim's process start
+	partCreate    = "shim_create"    // the shim's Create as it logs it, its libvirt connection included
 	partToStart   = "to_shim_start"  // Create's reply until the Start request
 	partStart     = "shim_start"     // the shim's Start: libvirt's create, console, resume
 	partToRunning = "to_running"     // Start's reply until the client saw RUNNING
