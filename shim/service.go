@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/containerd/protobuf"
 	ptypes "github.com/containerd/containerd/protobuf/types"
 	"github.com/containerd/containerd/runtime/v2/shim"
+	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -61,12 +62,19 @@ type service struct {
 	kvm      vm.KVMInfo  // detected once at start
 	trim     *memTrimmer // after Create, Start and Delete
 
-	createMu sync.Mutex // one Create at a time
+	createMu sync.Mutex // one Create at a time; Shutdown waits for it
+
+	// hostMu is held while the host is made (a libvirt connection, up to
+	// its dial timeout), so that mu stays free for every other call.
+	// Order: createMu, hostMu, mu.
+	hostMu     sync.Mutex
+	hostClosed bool // guarded by hostMu; set by Shutdown
+	newHost    func(context.Context, Config, vm.KVMInfo) (*host, error)
 
 	mu    sync.Mutex
 	tasks map[string]taskRunner // guarded by mu
 	cfg   *Config               // guarded by mu; loaded at the first Create
-	host  *host                 // guarded by mu; made at the first VM Create
+	host  *host                 // guarded by mu, set under hostMu; made at the first VM Create or ahead of it
 }
 
 func newService(ctx context.Context, publisher shim.Publisher, sd shutdown.Service) (*service, error) {
@@ -76,6 +84,7 @@ func newService(ctx context.Context, publisher shim.Publisher, sd shutdown.Servi
 		kvm:      vm.DetectKVM(),
 		tasks:    make(map[string]taskRunner),
 		trim:     newMemTrimmer(),
+		newHost:  newHost,
 	}
 	sd.RegisterCallback(func(context.Context) error {
 		s.trim.stop()
@@ -142,7 +151,9 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 	ident := identity(ctx, r.ID, spec)
 	var t taskRunner
 	if spec.Annotations[annContainerType] == "sandbox" {
-		t, err = createSandboxTask(layout{root: cfg.StateDir}, req, ident, s.events.send)
+		if t, err = createSandboxTask(layout{root: cfg.StateDir}, req, ident, s.events.send); err == nil {
+			go s.prepareHost(context.WithoutCancel(ctx), cfg)
+		}
 	} else {
 		req.netns = podNetns(spec, s.sandboxNetns(ident.SandboxID))
 		var h *host
@@ -177,7 +188,10 @@ func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 	}
 	s.events.send(&eventstypes.TaskStart{ContainerID: r.ID, Pid: uint32(pid)})
 	if v, ok := t.(*vmTask); ok {
-		v.resync(ctx) // an exit during Start had no running task to land on
+		// An exit during Start had no running task to land on. The check
+		// asks libvirt, so it runs after the reply; its TaskExit still
+		// follows the TaskStart queued above.
+		go v.resync(context.WithoutCancel(ctx))
 	}
 	return &taskAPI.StartResponse{Pid: uint32(pid)}, nil
 }
@@ -304,6 +318,12 @@ func (s *service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*task
 
 // Shutdown ends the shim once no task is left in it.
 func (s *service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*ptypes.Empty, error) {
+	// No Create is halfway, and a host being made ahead of the VMs is
+	// waited for and closed too.
+	s.createMu.Lock()
+	defer s.createMu.Unlock()
+	s.hostMu.Lock()
+	defer s.hostMu.Unlock()
 	s.mu.Lock()
 	if len(s.tasks) > 0 {
 		s.mu.Unlock()
@@ -312,6 +332,7 @@ func (s *service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*pt
 	h := s.host
 	s.host = nil
 	s.mu.Unlock()
+	s.hostClosed = true
 	if h != nil {
 		// A clean disconnect (bounded: Close gives up after 2 s) rather
 		// than a socket that vanishes when the process exits.
@@ -363,21 +384,39 @@ func (s *service) config(options *anypb.Any) (*Config, error) {
 	return s.cfg, nil
 }
 
-// vmHost connects to libvirt at the first VM Create and starts following
-// its lifecycle events.
+// vmHost connects to libvirt at the first VM Create (or returns the
+// connection prepareHost made) and starts following its lifecycle events.
+// Other calls go on meanwhile: only hostMu is held while it connects.
 func (s *service) vmHost(ctx context.Context, cfg *Config) (*host, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.host != nil {
-		return s.host, nil
+	s.hostMu.Lock()
+	defer s.hostMu.Unlock()
+	if s.hostClosed {
+		return nil, fmt.Errorf("connect to libvirt: the shim is shutting down: %w", errdefs.ErrUnavailable)
 	}
-	h, err := newHost(ctx, *cfg, s.kvm)
+	s.mu.Lock()
+	h := s.host
+	s.mu.Unlock()
+	if h != nil {
+		return h, nil
+	}
+	h, err := s.newHost(ctx, *cfg, s.kvm)
 	if err != nil {
 		return nil, err
 	}
+	s.mu.Lock()
 	s.host = h
+	s.mu.Unlock()
 	go s.followEvents(context.WithoutCancel(ctx), h)
 	return h, nil
+}
+
+// prepareHost makes the libvirt connection while a CRI pod's sandbox
+// starts, so the pod's first VM Create finds it ready. A failure is only
+// logged: that Create tries again and reports it.
+func (s *service) prepareHost(ctx context.Context, cfg *Config) {
+	if _, err := s.vmHost(ctx, cfg); err != nil {
+		log.G(ctx).WithError(err).Debug("connect to libvirt ahead of the pod's VMs")
+	}
 }
 
 // followEvents routes libvirt lifecycle events to the VM tasks.

@@ -1,0 +1,136 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/pkg/shutdown"
+	"github.com/containerd/errdefs"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
+)
+
+// hostFake makes hosts that count their connects and closes; a connect
+// waits for release when it is set.
+type hostFake struct {
+	release  chan struct{}
+	connects atomic.Int32
+	closes   atomic.Int32
+}
+
+func (f *hostFake) newHost(context.Context, Config, vm.KVMInfo) (*host, error) {
+	f.connects.Add(1)
+	if f.release != nil {
+		<-f.release
+	}
+	events := make(chan vm.Event)
+	return &host{events: events, close: func() error {
+		f.closes.Add(1)
+		close(events)
+		return nil
+	}}, nil
+}
+
+func newTestService(t *testing.T, f *hostFake) *service {
+	t.Helper()
+	ctx, sd := shutdown.WithShutdown(context.Background())
+	t.Cleanup(func() { sd.Shutdown(); <-ctx.Done() })
+	return &service{shutdown: sd, tasks: map[string]taskRunner{}, newHost: f.newHost}
+}
+
+func TestVMHostConnectsOutsideTheServiceLock(t *testing.T) {
+	f := &hostFake{release: make(chan struct{})}
+	s := newTestService(t, f)
+	cfg := &Config{}
+	hosts := make(chan *host, 2)
+	for range 2 {
+		go func() {
+			h, err := s.vmHost(context.Background(), cfg)
+			if err != nil {
+				t.Error(err)
+			}
+			hosts <- h
+		}()
+	}
+	// While the connect hangs, calls that need the service lock go on.
+	deadline := time.Now().Add(5 * time.Second)
+	for f.connects.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := s.get("nope", ""); done <- err }()
+	select {
+	case err := <-done:
+		if !errdefs.IsNotFound(err) {
+			t.Fatalf("get during the connect: %v, want not found", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("get waited for the libvirt connection")
+	}
+	close(f.release)
+	h1, h2 := <-hosts, <-hosts
+	if h1 == nil || h1 != h2 {
+		t.Fatalf("two callers got hosts %p and %p, want one", h1, h2)
+	}
+	if n := f.connects.Load(); n != 1 {
+		t.Fatalf("%d connects, want 1", n)
+	}
+}
+
+func TestShutdownClosesThePreparedHost(t *testing.T) {
+	f := &hostFake{release: make(chan struct{})}
+	s := newTestService(t, f)
+	cfg := &Config{}
+	prepared := make(chan struct{})
+	go func() { s.prepareHost(context.Background(), cfg); close(prepared) }()
+	for f.connects.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	// Shutdown waits for the connect in progress, then closes its host.
+	shut := make(chan struct{})
+	go func() {
+		if _, err := s.Shutdown(context.Background(), nil); err != nil {
+			t.Error(err)
+		}
+		close(shut)
+	}()
+	select {
+	case <-shut:
+		t.Fatal("Shutdown returned while the host was still being made")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(f.release)
+	<-prepared
+	<-shut
+	if n := f.closes.Load(); n != 1 {
+		t.Fatalf("host closed %d times, want 1", n)
+	}
+	// After Shutdown no new connection is made.
+	if _, err := s.vmHost(context.Background(), cfg); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("vmHost after Shutdown: %v, want unavailable", err)
+	}
+	if n := f.connects.Load(); n != 1 {
+		t.Fatalf("%d connects, want 1", n)
+	}
+}
+
+func TestShutdownKeepsTheHostWhileTasksRemain(t *testing.T) {
+	f := &hostFake{}
+	s := newTestService(t, f)
+	if _, err := s.vmHost(context.Background(), &Config{}); err != nil {
+		t.Fatal(err)
+	}
+	s.tasks["vm1"] = &vmTask{}
+	if _, err := s.Shutdown(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.closes.Load(); n != 0 {
+		t.Fatalf("host closed %d times with a task left", n)
+	}
+	if _, err := s.vmHost(context.Background(), &Config{}); err != nil {
+		t.Fatalf("vmHost after a Shutdown that kept the shim: %v", err)
+	}
+}
