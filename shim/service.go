@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v2"
@@ -68,7 +69,9 @@ type service struct {
 	// its dial timeout), so that mu stays free for every other call.
 	// Order: createMu, hostMu, mu.
 	hostMu     sync.Mutex
-	hostClosed bool // guarded by hostMu; set by Shutdown
+	hostClosed bool      // guarded by hostMu; set by Shutdown
+	hostErr    error     // guarded by hostMu; the last failed attempt to make the host
+	hostErrAt  time.Time // guarded by hostMu; when it failed
 	newHost    func(context.Context, Config, vm.KVMInfo) (*host, error)
 
 	mu    sync.Mutex
@@ -158,7 +161,8 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 		req.netns = podNetns(spec, s.sandboxNetns(ident.SandboxID))
 		var h *host
 		if h, err = s.vmHost(ctx, cfg); err == nil {
-			// spec, shim config and, at the shim's first VM, the libvirt connection
+			// spec, shim config and, at the shim's first VM, the libvirt
+			// connection (or what is left of prepareHost's)
 			took.mark("host")
 			t, err = createVMTask(ctx, h, req, ident, s.events.send)
 		}
@@ -318,8 +322,13 @@ func (s *service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*task
 
 // Shutdown ends the shim once no task is left in it.
 func (s *service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*ptypes.Empty, error) {
-	// No Create is halfway, and a host being made ahead of the VMs is
-	// waited for and closed too.
+	// containerd asks after every task's Delete: a shim with tasks left
+	// answers at once.
+	if s.hasTasks() {
+		return &ptypes.Empty{}, nil
+	}
+	// Otherwise no Create may be halfway, and a host being made ahead of
+	// the VMs is waited for and closed too.
 	s.createMu.Lock()
 	defer s.createMu.Unlock()
 	s.hostMu.Lock()
@@ -388,6 +397,7 @@ func (s *service) config(options *anypb.Any) (*Config, error) {
 // connection prepareHost made) and starts following its lifecycle events.
 // Other calls go on meanwhile: only hostMu is held while it connects.
 func (s *service) vmHost(ctx context.Context, cfg *Config) (*host, error) {
+	arrived := time.Now()
 	s.hostMu.Lock()
 	defer s.hostMu.Unlock()
 	if s.hostClosed {
@@ -399,8 +409,14 @@ func (s *service) vmHost(ctx context.Context, cfg *Config) (*host, error) {
 	if h != nil {
 		return h, nil
 	}
+	// An attempt that failed while this caller waited is its answer too:
+	// a Create behind prepareHost does not wait for a second dial timeout.
+	if s.hostErr != nil && s.hostErrAt.After(arrived) {
+		return nil, s.hostErr
+	}
 	h, err := s.newHost(ctx, *cfg, s.kvm)
 	if err != nil {
+		s.hostErr, s.hostErrAt = err, time.Now()
 		return nil, err
 	}
 	s.mu.Lock()
@@ -458,6 +474,12 @@ func (s *service) sandboxNetns(sandboxID string) string {
 		return sb.netns
 	}
 	return ""
+}
+
+func (s *service) hasTasks() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.tasks) > 0
 }
 
 func (s *service) podHasVMs(podUID string) bool {

@@ -14,9 +14,10 @@ import (
 )
 
 // hostFake makes hosts that count their connects and closes; a connect
-// waits for release when it is set.
+// waits for release when it is set, and fails with err when that is set.
 type hostFake struct {
 	release  chan struct{}
+	err      error
 	connects atomic.Int32
 	closes   atomic.Int32
 }
@@ -25,6 +26,9 @@ func (f *hostFake) newHost(context.Context, Config, vm.KVMInfo) (*host, error) {
 	f.connects.Add(1)
 	if f.release != nil {
 		<-f.release
+	}
+	if f.err != nil {
+		return nil, f.err
 	}
 	events := make(chan vm.Event)
 	return &host{events: events, close: func() error {
@@ -75,6 +79,7 @@ func TestVMHostConnectsOutsideTheServiceLock(t *testing.T) {
 	if h1 == nil || h1 != h2 {
 		t.Fatalf("two callers got hosts %p and %p, want one", h1, h2)
 	}
+	t.Cleanup(func() { _ = h1.close() })
 	if n := f.connects.Load(); n != 1 {
 		t.Fatalf("%d connects, want 1", n)
 	}
@@ -132,5 +137,58 @@ func TestShutdownKeepsTheHostWhileTasksRemain(t *testing.T) {
 	}
 	if _, err := s.vmHost(context.Background(), &Config{}); err != nil {
 		t.Fatalf("vmHost after a Shutdown that kept the shim: %v", err)
+	}
+}
+
+func TestShutdownWithTasksLeftDoesNotWait(t *testing.T) {
+	f := &hostFake{release: make(chan struct{})}
+	defer close(f.release)
+	s := newTestService(t, f)
+	s.tasks["sandbox"] = &sandboxTask{}
+	go s.prepareHost(context.Background(), &Config{})
+	for f.connects.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	// containerd asks after every task's Delete, with a timeout: the
+	// answer must not wait for the connect in progress.
+	done := make(chan struct{})
+	go func() {
+		if _, err := s.Shutdown(context.Background(), nil); err != nil {
+			t.Error(err)
+		}
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Second):
+		t.Fatal("Shutdown with a task left waited for the libvirt connection")
+	}
+}
+
+func TestFailedPrepareAnswersTheWaitingCreate(t *testing.T) {
+	f := &hostFake{release: make(chan struct{}), err: errors.New("libvirtd is down")}
+	s := newTestService(t, f)
+	go s.prepareHost(context.Background(), &Config{})
+	for f.connects.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	// A VM Create arrives while prepareHost dials, and gets its failure
+	// instead of dialing a second time.
+	got := make(chan error, 1)
+	go func() { _, err := s.vmHost(context.Background(), &Config{}); got <- err }()
+	time.Sleep(20 * time.Millisecond)
+	close(f.release)
+	if err := <-got; err == nil || err.Error() != "libvirtd is down" {
+		t.Fatalf("waiting Create: %v, want the prepare's error", err)
+	}
+	if n := f.connects.Load(); n != 1 {
+		t.Fatalf("%d connects, want 1", n)
+	}
+	// A later Create tries again.
+	if _, err := s.vmHost(context.Background(), &Config{}); err == nil {
+		t.Fatal("want the fake's error again")
+	}
+	if n := f.connects.Load(); n != 2 {
+		t.Fatalf("%d connects, want 2", n)
 	}
 }

@@ -13,7 +13,7 @@ import (
 // goes before, inside, between and after the shim's Create and Start.
 const (
 	partToCreate  = "to_shim_create" // the client, containerd, the shim's process start
-	partCreate    = "shim_create"    // the shim's Create as it logs it, its libvirt connection included
+	partCreate    = "shim_create"    // the shim's Create as it logs it, with any wait for its libvirt connection
 	partToStart   = "to_shim_start"  // Create's reply until the Start request
 	partStart     = "shim_start"     // the shim's Start: libvirt's create, console, resume
 	partToRunning = "to_running"     // Start's reply until the client saw RUNNING
