@@ -287,3 +287,29 @@ time="2026-11-22T13:16:02.184000000Z" level=info msg="started VM" pid=13968 took
 		t.Error("no lines: want an error")
 	}
 }
+
+func TestDensityRounds(t *testing.T) {
+	for n, want := range map[int]int{1: 10, 3: 4, 4: 3, 10: 1, 20: 1} {
+		if got := densityRepeats(n); got != want {
+			t.Errorf("densityRepeats(%d) = %d, want %d", n, got, want)
+		}
+	}
+	m := mergeRounds([]densityResult{
+		{Flavour: "1.6", Runtime: "kvm", Pods: 1, PerPodMs: []float64{500}, WallMs: 500,
+			ControlPlaneMs: map[string]float64{cpShims: 20, cpLibvirtd: 80}, ControlPlaneTotalMs: 100},
+		{Flavour: "1.6", Runtime: "kvm", Pods: 1, PerPodMs: []float64{700}, WallMs: 700,
+			ControlPlaneMs: map[string]float64{cpShims: 40, cpLibvirtd: 100}, ControlPlaneTotalMs: 140, Failures: []string{"x"}},
+	})
+	if m.Rounds != 2 || m.Pods != 1 || m.Flavour != "1.6" || m.Runtime != "kvm" {
+		t.Errorf("merged identity %+v", m)
+	}
+	if len(m.PerPodMs) != 2 || m.Summary.N != 2 || m.Summary.Median != 600 {
+		t.Errorf("merged per-pod %v, summary %+v", m.PerPodMs, m.Summary)
+	}
+	if m.WallMs != 600 || m.ControlPlaneTotalMs != 120 || m.ControlPlaneMs[cpShims] != 30 || m.ControlPlaneMs[cpLibvirtd] != 90 {
+		t.Errorf("merged means: wall %v, cpu %v %v", m.WallMs, m.ControlPlaneTotalMs, m.ControlPlaneMs)
+	}
+	if len(m.Failures) != 1 {
+		t.Errorf("merged failures %v", m.Failures)
+	}
+}

@@ -277,7 +277,7 @@ func (r *results) buildDensity() {
 	if len(r.Density) == 0 {
 		return
 	}
-	r.Notes = append(r.Notes, "Density: N pods started at once, one goroutine each, through CRI; per pod from its RunPodSandbox until ContainerStatus RUNNING (CreateContainer and StartContainer in between), polled every 20 ms. Under TCG the guests that are already booting compete for the 2 cores with the pods still starting. Growth = median per-pod time at the largest N / at 1 pod. Control-plane CPU: user+system time (from /proc/<pid>/stat, 10 ms ticks) that containerd (with the children it reaped: `shim start` runs, CNI plugins), every shim serving it (with its reaped children: mkfs.vfat and mcopy for ours, runc for runc's), libvirtd (with its reaped helpers) and virtlogd used from the start of the round until the last pod was RUNNING, divided by the pods; QEMU's own time, which runs the guests, is not counted. Its growth is what the control plane costs per pod as pods come together, without the guests' boot competing for the cores. The same rounds then run with runc pods (a pause container in each, RunPodSandbox to RUNNING the same way) as the reference: what containerd, CNI and this 2-core host cost per pod for any runtime. After each round every pod is removed and the round checks that no domain, shim process, mount or pod IP is left.")
+	r.Notes = append(r.Notes, "Density: N pods started at once, one goroutine each, through CRI; per pod from its RunPodSandbox until ContainerStatus RUNNING (CreateContainer and StartContainer in between), polled every 20 ms. Under TCG the guests that are already booting compete for the 2 cores with the pods still starting. Growth = median per-pod time at the largest N / at 1 pod. Control-plane CPU: user+system time (from /proc/<pid>/stat, 10 ms ticks) that containerd (with the children it reaped: `shim start` runs, CNI plugins), every shim serving it (with its reaped children: mkfs.vfat and mcopy for ours, runc for runc's), libvirtd (with its reaped helpers) and virtlogd used from the start of the round until the last pod was RUNNING, divided by the pods; QEMU's own time, which runs the guests, is not counted. Its growth is what the control plane costs per pod as pods come together, without the guests' boot competing for the cores. A pod count below 10 runs in rounds until 10 pods have started (1 pod: 10 rounds, one after the other): its per-pod times are every pod of every round, its CPU per pod and wall time the means over the rounds, since one lone pod's CPU is only a few 10 ms ticks per process. The same rounds then run with runc pods (a pause container in each, RunPodSandbox to RUNNING the same way) as the reference: what containerd, CNI and this 2-core host cost per pod for any runtime. After each round every pod is removed and the round checks that no domain, shim process, mount or pod IP is left.")
 	type group struct{ flavour, runtime string }
 	byGroup := map[group][]densityResult{}
 	var groups []group
@@ -318,9 +318,14 @@ func (r *results) buildDensity() {
 		for _, d := range rounds {
 			fails := len(d.Failures) + len(d.Leftovers)
 			target, status := verdict("0 failures", met(fails == 0))
-			r.add(sec, fmt.Sprintf("%s, %d pod(s) at once", label, d.Pods),
-				fmt.Sprintf("per pod %s, max %s ms; all RUNNING after %s ms; %d failure(s)%s",
-					strings.TrimSuffix(msRange(d.Summary), fmt.Sprintf(" (n=%d)", d.Summary.N)), fmtMs(d.Summary.Max), fmtMs(d.WallMs), fails, leftoverNote(d)),
+			what, after := fmt.Sprintf("%s, %d pod(s) at once", label, d.Pods), "all RUNNING after"
+			if d.Rounds > 1 {
+				what += fmt.Sprintf(", %d rounds", d.Rounds)
+				after = "all of a round RUNNING after (mean)"
+			}
+			r.add(sec, what,
+				fmt.Sprintf("per pod %s, max %s ms; %s %s ms; %d failure(s)%s",
+					msRange(d.Summary), fmtMs(d.Summary.Max), after, fmtMs(d.WallMs), fails, leftoverNote(d)),
 				target, status)
 			if d.ControlPlaneTotalMs > 0 {
 				r.add(sec, fmt.Sprintf("%s, %d pod(s): control-plane CPU", label, d.Pods),
