@@ -38,6 +38,25 @@ func (f *hostFake) newHost(context.Context, Config, vm.KVMInfo) (*host, error) {
 	}}, nil
 }
 
+// connecting returns once the first connect has begun.
+func (f *hostFake) connecting() {
+	for f.connects.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// shutdownInBackground calls Shutdown; the channel closes when it returned.
+func shutdownInBackground(t *testing.T, s *service) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		if _, err := s.Shutdown(context.Background(), nil); err != nil {
+			t.Error(err)
+		}
+		close(done)
+	}()
+	return done
+}
+
 func newTestService(t *testing.T, f *hostFake) *service {
 	t.Helper()
 	ctx, sd := shutdown.WithShutdown(context.Background())
@@ -60,10 +79,7 @@ func TestVMHostConnectsOutsideTheServiceLock(t *testing.T) {
 		}()
 	}
 	// While the connect hangs, calls that need the service lock go on.
-	deadline := time.Now().Add(5 * time.Second)
-	for f.connects.Load() == 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	f.connecting()
 	done := make(chan error, 1)
 	go func() { _, err := s.get("nope", ""); done <- err }()
 	select {
@@ -91,17 +107,9 @@ func TestShutdownClosesThePreparedHost(t *testing.T) {
 	cfg := &Config{}
 	prepared := make(chan struct{})
 	go func() { s.prepareHost(context.Background(), cfg); close(prepared) }()
-	for f.connects.Load() == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	f.connecting()
 	// Shutdown waits for the connect in progress, then closes its host.
-	shut := make(chan struct{})
-	go func() {
-		if _, err := s.Shutdown(context.Background(), nil); err != nil {
-			t.Error(err)
-		}
-		close(shut)
-	}()
+	shut := shutdownInBackground(t, s)
 	select {
 	case <-shut:
 		t.Fatal("Shutdown returned while the host was still being made")
@@ -146,18 +154,10 @@ func TestShutdownWithTasksLeftDoesNotWait(t *testing.T) {
 	s := newTestService(t, f)
 	s.tasks["sandbox"] = &sandboxTask{}
 	go s.prepareHost(context.Background(), &Config{})
-	for f.connects.Load() == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	f.connecting()
 	// containerd asks after every task's Delete, with a timeout: the
 	// answer must not wait for the connect in progress.
-	done := make(chan struct{})
-	go func() {
-		if _, err := s.Shutdown(context.Background(), nil); err != nil {
-			t.Error(err)
-		}
-		close(done)
-	}()
+	done := shutdownInBackground(t, s)
 	select {
 	case <-done:
 	case <-time.After(2 * time.Second):
@@ -169,9 +169,7 @@ func TestFailedPrepareAnswersTheWaitingCreate(t *testing.T) {
 	f := &hostFake{release: make(chan struct{}), err: errors.New("libvirtd is down")}
 	s := newTestService(t, f)
 	go s.prepareHost(context.Background(), &Config{})
-	for f.connects.Load() == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	f.connecting()
 	// A VM Create arrives while prepareHost dials, and gets its failure
 	// instead of dialing a second time.
 	got := make(chan error, 1)
