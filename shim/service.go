@@ -428,7 +428,8 @@ func (s *service) vmHost(ctx context.Context, cfg *Config) (*host, error) {
 
 // prepareHost makes the libvirt connection while a CRI pod's sandbox
 // starts, so the pod's first VM Create finds it ready. A failure is only
-// logged: that Create tries again and reports it.
+// logged here: a VM Create that waited for this attempt reports its
+// error, a later one tries again.
 func (s *service) prepareHost(ctx context.Context, cfg *Config) {
 	if _, err := s.vmHost(ctx, cfg); err != nil {
 		log.G(ctx).WithError(err).Debug("connect to libvirt ahead of the pod's VMs")
