@@ -23,11 +23,16 @@ func newPhases() *phases {
 // mark ends the step called name.
 func (p *phases) mark(name string) {
 	now := time.Now()
-	p.steps = append(p.steps, fmt.Sprintf("%s=%.1fms", name, float64(now.Sub(p.last).Microseconds())/1000))
+	p.steps = append(p.steps, formatStep(name, now.Sub(p.last)))
 	p.last = now
 }
 
 // String lists the steps and the total, e.g. "mount=0.4ms define=2.9ms total=3.3ms".
 func (p *phases) String() string {
-	return strings.Join(append(p.steps, fmt.Sprintf("total=%.1fms", float64(p.last.Sub(p.start).Microseconds())/1000)), " ")
+	return strings.Join(append(p.steps, formatStep("total", p.last.Sub(p.start))), " ")
+}
+
+// formatStep renders one step as "name=1.2ms".
+func formatStep(name string, d time.Duration) string {
+	return fmt.Sprintf("%s=%.1fms", name, float64(d.Microseconds())/1000)
 }

@@ -153,22 +153,35 @@ type shimSteps struct {
 }
 
 var (
-	shimStepLine = regexp.MustCompile(`msg="(defined|started) VM".*took="([^"]*)"`)
-	shimStep     = regexp.MustCompile(`([a-z_]+)=([0-9.]+)ms`)
+	// shimEndLine matches the shim's "defined VM" and "started VM" lines
+	// in containerd's log: when each was written, which one, and its
+	// took= steps.
+	shimEndLine = regexp.MustCompile(`(?m)^time="([^"]+)".*msg="(defined|started) VM".*took="([^"]*)"`)
+	shimStep    = regexp.MustCompile(`([a-z_]+)=([0-9.]+)ms`)
 )
+
+// stepTimes parses a took= value ("checks=0.0ms ... total=17.0ms") into
+// milliseconds per step.
+func stepTimes(took string) map[string]float64 {
+	out := map[string]float64{}
+	for _, st := range shimStep.FindAllStringSubmatch(took, -1) {
+		if v, err := strconv.ParseFloat(st[2], 64); err == nil {
+			out[st[1]] = v
+		}
+	}
+	return out
+}
 
 // shimStepTimes collects the step times from a containerd log.
 func shimStepTimes(flavour, log string) shimSteps {
 	out := shimSteps{Flavour: flavour, Create: map[string][]float64{}, Start: map[string][]float64{}}
-	for _, m := range shimStepLine.FindAllStringSubmatch(log, -1) {
+	for _, m := range shimEndLine.FindAllStringSubmatch(log, -1) {
 		dst := out.Create
-		if m[1] == "started" {
+		if m[2] == "started" {
 			dst = out.Start
 		}
-		for _, st := range shimStep.FindAllStringSubmatch(m[2], -1) {
-			if v, err := strconv.ParseFloat(st[2], 64); err == nil {
-				dst[st[1]] = append(dst[st[1]], v)
-			}
+		for step, v := range stepTimes(m[3]) {
+			dst[step] = append(dst[step], v)
 		}
 	}
 	return out

@@ -8,8 +8,8 @@
 // Run it as root from the repository root after hack/setup-host.sh,
 // hack/guest/build.sh and make build:
 //
-//	go run ./bench/cmd/kvmbench            # the full run (about 20 minutes)
-//	go run ./bench/cmd/kvmbench -quick     # a few iterations (a few minutes)
+//	go run ./bench/cmd/kvmbench            # the full run (about 12 minutes)
+//	go run ./bench/cmd/kvmbench -quick     # a few iterations (about 8 minutes)
 //	go run ./bench/cmd/kvmbench -rerender bench/results/X.json  # table and .md again
 package main
 

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"regexp"
-	"strconv"
 	"time"
 )
 
@@ -21,10 +19,6 @@ const (
 
 // startPartNames are the parts in the order they happen.
 var startPartNames = []string{partToCreate, partCreate, partToStart, partStart, partToRunning}
-
-// shimEndLine matches the shim's "defined VM" and "started VM" lines in
-// containerd's log: when they were written and the step's total.
-var shimEndLine = regexp.MustCompile(`(?m)^time="([^"]+)".*msg="(defined|started) VM".*took="[^"]*total=([0-9.]+)ms"`)
 
 // logSize is where path ends now: the offset from which the next run's
 // lines are read.
@@ -63,9 +57,9 @@ func startParts(logPath string, offset int64, t0, running time.Time) (map[string
 		if err != nil {
 			return nil, fmt.Errorf("log time %q: %w", m[1], err)
 		}
-		total, err := strconv.ParseFloat(m[3], 64)
-		if err != nil {
-			return nil, err
+		total, ok := stepTimes(m[3])["total"]
+		if !ok {
+			return nil, fmt.Errorf("%q VM line without a total: %q", m[2], m[3])
 		}
 		ends[m[2]], totals[m[2]] = at, time.Duration(total*float64(time.Millisecond))
 	}
