@@ -283,7 +283,7 @@ func marshalBlob(v any) ([]byte, string, error) {
 
 // WriteArchive builds the image described by spec and writes it to out
 // atomically (through a temporary file in the same directory).
-func WriteArchive(out string, spec Spec) (err error) {
+func WriteArchive(out string, spec Spec) error {
 	fullName, tag, err := splitRef(spec.Name)
 	if err != nil {
 		return err

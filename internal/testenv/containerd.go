@@ -138,9 +138,6 @@ func Start(ctx context.Context, f Flavour, o Options) (*Containerd, error) {
 	if err := os.Chmod(o.Dir, 0o755); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(c.CNIConfDir, 0o755); err != nil {
-		return nil, err
-	}
 	if err := c.writeConfigs(o.ShimConfig); err != nil {
 		return nil, err
 	}
@@ -231,6 +228,9 @@ func newContainerd(f Flavour, o Options) *Containerd {
 }
 
 func (c *Containerd) writeConfigs(shimExtra string) error {
+	if err := os.MkdirAll(c.CNIConfDir, 0o755); err != nil {
+		return err
+	}
 	files := []struct {
 		path string
 		tmpl *template.Template

@@ -21,9 +21,6 @@ func TestConfigsRender(t *testing.T) {
 				t.Fatal(err)
 			}
 			c := newContainerd(f, Options{Dir: t.TempDir(), SandboxImage: "localhost/pause:1", Bridge: "br0", Subnet: "10.1.2.0/24"})
-			if err := os.MkdirAll(c.CNIConfDir, 0o755); err != nil {
-				t.Fatal(err)
-			}
 			if err := c.writeConfigs("accel = \"tcg\"\ndefault_memory_mib = 128\n"); err != nil {
 				t.Fatal(err)
 			}
@@ -54,9 +51,6 @@ func TestCNIOptions(t *testing.T) {
 	f, _ := LookupFlavour("1.6")
 	c := newContainerd(f, Options{Dir: t.TempDir(), SandboxImage: "localhost/pause:1", Bridge: "br0", Subnet: "10.1.2.0/24",
 		CNINetwork: "net0", DefaultGateway: true})
-	if err := os.MkdirAll(c.CNIConfDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	if err := c.writeConfigs(""); err != nil {
 		t.Fatal(err)
 	}
