@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/digitalocean/go-libvirt"
+	"github.com/digitalocean/go-libvirt/socket"
 	"github.com/digitalocean/go-libvirt/socket/dialers"
 )
 
@@ -24,8 +26,9 @@ type Conn struct {
 	socket string
 	events chan Event
 
-	mu sync.Mutex
-	l  *libvirt.Libvirt // guarded by mu; nil while disconnected
+	mu   sync.Mutex
+	l    *libvirt.Libvirt // guarded by mu; nil while disconnected
+	sock net.Conn         // l's socket, guarded by mu
 
 	cancel context.CancelFunc // ends the forwarding and reconnect loop
 	// subCtx carries the event subscriptions. It is canceled only after
@@ -43,7 +46,7 @@ type Conn struct {
 // first connection must succeed; later losses are repaired in the
 // background until Close.
 func Connect(ctx context.Context, socket string) (*Conn, error) {
-	l, err := dial(socket)
+	l, sock, err := dial(socket)
 	if err != nil {
 		return nil, err
 	}
@@ -53,6 +56,7 @@ func Connect(ctx context.Context, socket string) (*Conn, error) {
 		socket:    socket,
 		events:    make(chan Event, 64),
 		l:         l,
+		sock:      sock,
 		cancel:    cancel,
 		subCtx:    subCtx,
 		subCancel: subCancel,
@@ -63,18 +67,41 @@ func Connect(ctx context.Context, socket string) (*Conn, error) {
 		cancel()
 		subCancel()
 		_ = l.Disconnect()
+		_ = sock.Close()
 		return nil, fmt.Errorf("subscribe to libvirt lifecycle events: %w", err)
 	}
 	go c.run(loopCtx, l, lifecycle)
 	return c, nil
 }
 
-func dial(socket string) (*libvirt.Libvirt, error) {
-	l := libvirt.NewWithDialer(dialers.NewLocal(dialers.WithSocket(socket), dialers.WithLocalTimeout(5*time.Second)))
+// dial connects to libvirtd and returns the socket under the client too:
+// go-libvirt closes its socket only in a Disconnect that gets libvirtd's
+// reply, so a connection that ended any other way (libvirtd restarted, or
+// closed its side before that reply) is closed by its owner.
+func dial(path string) (*libvirt.Libvirt, net.Conn, error) {
+	d := &keptDialer{Dialer: dialers.NewLocal(dialers.WithSocket(path), dialers.WithLocalTimeout(5*time.Second))}
+	l := libvirt.NewWithDialer(d)
 	if err := l.ConnectToURI(libvirt.QEMUSystem); err != nil {
-		return nil, fmt.Errorf("connect to libvirtd at %s: %v: %w", socket, err, errdefs.ErrUnavailable)
+		if d.conn != nil {
+			_ = d.conn.Close()
+		}
+		return nil, nil, fmt.Errorf("connect to libvirtd at %s: %v: %w", path, err, errdefs.ErrUnavailable)
 	}
-	return l, nil
+	return l, d.conn, nil
+}
+
+// keptDialer remembers the connection it made.
+type keptDialer struct {
+	socket.Dialer
+	conn net.Conn
+}
+
+func (d *keptDialer) Dial() (net.Conn, error) {
+	conn, err := d.Dialer.Dial()
+	if err == nil {
+		d.conn = conn
+	}
+	return conn, err
 }
 
 // Events delivers lifecycle events in the order libvirt sent them. The
@@ -91,8 +118,8 @@ func (c *Conn) Close() error {
 	c.cancel()
 	<-c.done
 	c.mu.Lock()
-	l := c.l
-	c.l = nil
+	l, sock := c.l, c.sock
+	c.l, c.sock = nil, nil
 	c.mu.Unlock()
 	if l == nil {
 		c.subCancel()
@@ -100,18 +127,23 @@ func (c *Conn) Close() error {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- l.Disconnect() }()
+	var err error
 	select {
-	case err := <-errc:
-		if err == nil { // else the socket may still be open
-			c.subCancel()
+	case err = <-errc:
+		if errors.Is(err, libvirt.ErrInterrupted) {
+			// libvirtd closed its side before its reply to the close
+			// came: the connection is over, as asked.
+			err = nil
 		}
-		return err
 	case <-time.After(2 * time.Second):
-		// The subscription stays: canceling it now would send the
-		// deregistration while the close may still be in flight. It
-		// ends with the connection.
-		return fmt.Errorf("disconnect from libvirtd at %s: timed out", c.socket)
+		err = fmt.Errorf("disconnect from libvirtd at %s: timed out", c.socket)
 	}
+	// Closing the socket ends a close still in flight and go-libvirt's
+	// reader. Only then does the subscription end: its deregistration
+	// can no longer reach libvirtd while the connection closes.
+	_ = sock.Close()
+	c.subCancel()
+	return err
 }
 
 func (c *Conn) run(ctx context.Context, l *libvirt.Libvirt, lifecycle <-chan libvirt.DomainEventLifecycleMsg) {
@@ -134,17 +166,18 @@ func (c *Conn) run(ctx context.Context, l *libvirt.Libvirt, lifecycle <-chan lib
 			return
 		}
 		c.mu.Lock()
-		c.l = nil
+		_ = c.sock.Close()
+		c.l, c.sock = nil, nil
 		c.mu.Unlock()
 		log.G(ctx).WithField("socket", c.socket).Warn("lost connection to libvirtd, reconnecting")
 
-		var err error
-		l, lifecycle, err = c.reconnect(ctx)
+		l, sock, ll, err := c.reconnect(ctx)
 		if err != nil {
 			return // canceled
 		}
+		lifecycle = ll
 		c.mu.Lock()
-		c.l = l
+		c.l, c.sock = l, sock
 		c.mu.Unlock()
 		log.G(ctx).WithField("socket", c.socket).Info("reconnected to libvirtd")
 		select {
@@ -175,18 +208,18 @@ func (c *Conn) pump(ctx context.Context, lifecycle <-chan libvirt.DomainEventLif
 	}
 }
 
-func (c *Conn) reconnect(ctx context.Context) (*libvirt.Libvirt, <-chan libvirt.DomainEventLifecycleMsg, error) {
+func (c *Conn) reconnect(ctx context.Context) (*libvirt.Libvirt, net.Conn, <-chan libvirt.DomainEventLifecycleMsg, error) {
 	backoff := 100 * time.Millisecond
 	for {
 		select {
 		case <-ctx.Done():
-			return nil, nil, ctx.Err()
+			return nil, nil, nil, ctx.Err()
 		case <-time.After(backoff):
 		}
 		if backoff < 5*time.Second {
 			backoff *= 2
 		}
-		l, err := dial(c.socket)
+		l, sock, err := dial(c.socket)
 		if err != nil {
 			log.G(ctx).WithError(err).Debug("libvirtd not back yet")
 			continue
@@ -195,9 +228,10 @@ func (c *Conn) reconnect(ctx context.Context) (*libvirt.Libvirt, <-chan libvirt.
 		if err != nil {
 			log.G(ctx).WithError(err).Warn("subscribe to libvirt lifecycle events")
 			_ = l.Disconnect()
+			_ = sock.Close()
 			continue
 		}
-		return l, lifecycle, nil
+		return l, sock, lifecycle, nil
 	}
 }
 

@@ -25,6 +25,15 @@ func libvirtdPID(t *testing.T) string {
 	return pid
 }
 
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
 // Shims come and go in bursts (a node drains, a density test removes its
 // pods at once), each with an event subscription. Closing must not make
 // libvirtd handle the subscription's deregistration and the connection's
@@ -89,6 +98,7 @@ func TestConnCloseBurstKeepsLibvirtd(t *testing.T) {
 		_ = churn.Undefine(spec.Name)
 	})
 
+	fds := openFDs(t)
 	const rounds, conns = 25, 12
 	for r := 0; r < rounds; r++ {
 		var wg sync.WaitGroup
@@ -120,6 +130,9 @@ func TestConnCloseBurstKeepsLibvirtd(t *testing.T) {
 		if got := libvirtdPID(t); got != pid {
 			t.Fatalf("round %d: libvirtd (pid %s) is gone, now %q: it crashed while connections closed", r, pid, got)
 		}
+	}
+	if got := openFDs(t); got != fds {
+		t.Errorf("%d file descriptors open before the bursts, %d after: closed connections left sockets open", fds, got)
 	}
 	c, err := Connect(ctx, DefaultSocket)
 	if err != nil {
