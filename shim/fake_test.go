@@ -18,6 +18,7 @@ type fakeDomains struct {
 	doms     map[string]*fakeDomain
 	calls    []string
 	startErr error
+	resumed  func(name string) // called after a Resume, without mu
 }
 
 type fakeDomain struct {
@@ -135,7 +136,11 @@ func notRunning(name string) error {
 }
 
 func (f *fakeDomains) Resume(name string) error {
-	return f.simple("resume", name, func(d *fakeDomain) error { d.paused = false; return nil })
+	err := f.simple("resume", name, func(d *fakeDomain) error { d.paused = false; return nil })
+	if err == nil && f.resumed != nil {
+		f.resumed(name)
+	}
+	return err
 }
 
 func (f *fakeDomains) Suspend(name string) error {

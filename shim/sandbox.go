@@ -75,6 +75,7 @@ func (t *sandboxTask) start(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("start %s: task is %s: %w", t.id, t.status, errdefs.ErrFailedPrecondition)
 	}
 	t.pid, t.status = os.Getpid(), task.Status_RUNNING
+	t.publish(&eventstypes.TaskStart{ContainerID: t.id, Pid: uint32(t.pid)}) // before any exit, as in vmTask.start
 	log.G(ctx).WithField("sandbox", t.id).WithField("netns", t.netns).Info("sandbox started")
 	return t.pid, nil
 }

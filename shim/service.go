@@ -190,11 +190,10 @@ func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 	if err != nil {
 		return nil, err
 	}
-	s.events.send(&eventstypes.TaskStart{ContainerID: r.ID, Pid: uint32(pid)})
+	// The task queued its TaskStart as it became RUNNING.
 	if v, ok := t.(*vmTask); ok {
 		// An exit during Start had no running task to land on. The check
-		// asks libvirt, so it runs after the reply; its TaskExit still
-		// follows the TaskStart queued above.
+		// asks libvirt, so it runs after the reply.
 		go v.resync(context.WithoutCancel(ctx))
 	}
 	return &taskAPI.StartResponse{Pid: uint32(pid)}, nil

@@ -399,6 +399,10 @@ func (t *vmTask) start(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	t.console, t.pid, t.status = c, pid, task.Status_RUNNING
+	// Queued under mu, in the step that makes the task RUNNING: an exit
+	// seen from here on (onStopped checks the status under mu) is
+	// published after it.
+	t.publish(&eventstypes.TaskStart{ContainerID: t.id, Pid: uint32(pid)})
 	t.rec.Pid = pid
 	if err := writeRecord(t.bundle, &t.rec); err != nil {
 		log.G(ctx).WithError(err).WithField("vm", name).Warn("update task record")

@@ -12,6 +12,7 @@ import (
 	eventstypes "github.com/containerd/containerd/api/events"
 	"github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/containerd/runtime"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
@@ -165,6 +166,39 @@ func TestVMTaskExitStatus(t *testing.T) {
 				t.Errorf("kill after exit: %v, want NotFound", err)
 			}
 		})
+	}
+}
+
+// A guest that stops the moment its vCPUs run: the stop notice comes
+// while Start is still at work, and containerd must see the task start
+// before it sees it exit.
+func TestVMTaskStartPublishedBeforeImmediateExit(t *testing.T) {
+	f := newVMFixture(t)
+	f.kernelRootfs()
+	vt, err := f.create(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	noticed := make(chan struct{})
+	f.fake.resumed = func(name string) {
+		f.fake.stop(name, vm.StopShutdown)
+		go func() {
+			defer close(noticed)
+			vt.onStopped(context.Background(), vm.StopShutdown)
+		}()
+	}
+	if _, err := vt.start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	<-noticed
+	f.events.mu.Lock()
+	defer f.events.mu.Unlock()
+	var order []string
+	for _, e := range f.events.events {
+		order = append(order, topic(e))
+	}
+	if len(order) != 2 || order[0] != runtime.TaskStartEventTopic || order[1] != runtime.TaskExitEventTopic {
+		t.Errorf("events %v, want TaskStart then TaskExit", order)
 	}
 }
 
