@@ -3,6 +3,14 @@
 package integration
 
 import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -73,4 +81,88 @@ func TestCRITwoPods(t *testing.T) {
 		}
 		assertNothingLeft(t, c, ids...)
 	})
+}
+
+// TestCRIRestartKeepsDisk restarts a pod's VM container as kubelet does:
+// the old container exits (CRI deletes its task and so its runtime dir),
+// and a new one with the same name, attempt 1, boots from the disk the
+// first one wrote.
+func TestCRIRestartKeepsDisk(t *testing.T) {
+	s := requireKVM(t, "bios", "pause")
+	image := s.images["bios"].ref
+	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
+		c.cleanupAfter(t)
+		cl := c.cri(t)
+		v := c.startPodContainer(t, cl, "vm-restart", "kvm", image)
+		if err := waitLog(v.logPath, readyLine, bootTimeout); err != nil {
+			t.Fatal(err)
+		}
+		overlay := filepath.Join(c.ShimStateDir, "pods", v.config.Metadata.Uid, "vm", "overlay.qcow2")
+		before, err := os.Stat(overlay)
+		if err != nil {
+			t.Fatalf("the pod's disk: %v", err)
+		}
+		oldBase := backingFile(t, overlay)
+		if err := cl.stopContainer(v); err != nil {
+			t.Fatal(err)
+		}
+		if err := poll(stopTimeout, func() (bool, string) {
+			_, err := os.Stat(oldBase)
+			return errors.Is(err, fs.ErrNotExist), fmt.Sprintf("the exited container's image is still at %s", oldBase)
+		}); err != nil {
+			t.Fatal(err)
+		}
+
+		cfg := containerConfig("vm", image, nil)
+		cfg.Metadata.Attempt = 1
+		cfg.LogPath = "vm/1.log"
+		cid, err := cl.createContainer(v.pod, cfg)
+		if err != nil {
+			t.Fatalf("CreateContainer, attempt 1: %v", err)
+		}
+		again := &podContainer{pod: v.pod, cid: cid, logPath: filepath.Join(v.logDir, cfg.LogPath)}
+		ctx, cancel := criCtx()
+		_, err = cl.Runtime.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: cid})
+		cancel()
+		if err != nil {
+			t.Fatalf("StartContainer, attempt 1: %v", err)
+		}
+		if err := waitLog(again.logPath, readyLine, bootTimeout); err != nil {
+			t.Fatal(err)
+		}
+		after, err := os.Stat(overlay)
+		if err != nil || !os.SameFile(before, after) {
+			t.Errorf("the restarted container did not keep the pod's disk %s: %v", overlay, err)
+		}
+		if base := backingFile(t, overlay); base == oldBase || !strings.HasPrefix(base, c.ShimStateDir+"/") {
+			t.Errorf("the kept disk is backed by %s, want the restarted container's image (was %s)", base, oldBase)
+		}
+
+		if err := cl.stopContainer(again); err != nil {
+			t.Error(err)
+		}
+		ctx, cancel = criCtx()
+		defer cancel()
+		if _, err := cl.Runtime.RemoveContainer(ctx, &cri.RemoveContainerRequest{ContainerId: v.cid}); err != nil {
+			t.Errorf("RemoveContainer %s: %v", v.cid, err)
+		}
+		cl.removePod(t, again)
+		assertNothingLeft(t, c, append(v.shimIDs(), shimID{nsCRI, cid})...)
+	})
+}
+
+// backingFile reads the backing file a qcow2 overlay records.
+func backingFile(t *testing.T, overlay string) string {
+	t.Helper()
+	out, err := exec.Command("qemu-img", "info", "-U", "--output=json", overlay).Output()
+	if err != nil {
+		t.Fatalf("qemu-img info %s: %v", overlay, err)
+	}
+	var info struct {
+		BackingFile string `json:"backing-filename"`
+	}
+	if err := json.Unmarshal(out, &info); err != nil || info.BackingFile == "" {
+		t.Fatalf("qemu-img info %s: no backing file (%v): %s", overlay, err, out)
+	}
+	return info.BackingFile
 }

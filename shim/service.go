@@ -36,6 +36,7 @@ const (
 	annSandboxNS     = "io.kubernetes.cri.sandbox-namespace"
 	annSandboxUID    = "io.kubernetes.cri.sandbox-uid"
 	annContainerName = "io.kubernetes.cri.container-name"
+	annImageName     = "io.kubernetes.cri.image-name"
 )
 
 // taskRunner is what the service needs of a sandbox or VM task.

@@ -226,7 +226,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		waitDrive = sync.OnceValue(func() error { return <-errc })
 	}
 	if src.Disk != "" {
-		disk, err := prepareDisk(ctx, h, rootfs, src.Disk, vmDir, rec.Overlay, &undo)
+		disk, err := prepareDisk(ctx, h, rootfs, src.Disk, r.spec.Annotations[annImageName], vmDir, rec.Overlay, &undo)
 		if err != nil {
 			return nil, err
 		}
@@ -283,7 +283,8 @@ func takeOverDomainName(conn domains, name, id string) error {
 
 // prepareDisk bind-mounts the image read-only into the VM dir, checks it
 // with qemu-img, and makes (or keeps) the qcow2 overlay the VM writes to.
-func prepareDisk(ctx context.Context, h *host, rootfs, image, vmDir, overlay string, undo *rollback) (*vm.Disk, error) {
+// imageName is the container image's name where CRI gives it.
+func prepareDisk(ctx context.Context, h *host, rootfs, image, imageName, vmDir, overlay string, undo *rollback) (*vm.Disk, error) {
 	f, err := vm.OpenInRootfs(rootfs, image)
 	if err != nil {
 		return nil, err
@@ -298,12 +299,21 @@ func prepareDisk(ctx context.Context, h *host, rootfs, image, vmDir, overlay str
 	if err != nil {
 		return nil, err
 	}
-	created, err := vm.EnsureOverlay(ctx, h.cfg.QEMUImg, base, info.Format, overlay)
+	id, err := vm.IdentifyFile(f)
+	if err != nil {
+		return nil, err
+	}
+	origin := vm.OverlayOrigin{Image: imageName, Path: image, Format: info.Format, VirtualSize: info.VirtualSize, File: id}
+	created, err := vm.EnsureOverlay(ctx, h.cfg.QEMUImg, base, origin, overlay)
 	if err != nil {
 		return nil, err
 	}
 	if created {
-		undo.add(func() { _ = os.Remove(overlay) })
+		undo.add(func() {
+			for _, f := range vm.OverlayFiles(overlay) {
+				_ = os.Remove(f)
+			}
+		})
 	}
 	return &vm.Disk{Path: overlay, Format: "qcow2"}, nil
 }
@@ -620,8 +630,10 @@ func releaseVM(ctx context.Context, conn domains, rec *taskRecord, bundle string
 		}
 	}
 	if rec.Overlay != "" && !rec.KeepOverlay {
-		if err := os.Remove(rec.Overlay); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, err)
+		for _, f := range vm.OverlayFiles(rec.Overlay) {
+			if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
 		}
 	}
 	if err := mount.UnmountAll(filepath.Join(bundle, "rootfs"), unix.MNT_DETACH); err != nil {

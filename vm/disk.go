@@ -3,6 +3,7 @@ package vm
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -68,19 +69,19 @@ func Unmount(target string) error {
 
 // ProbeImage asks qemu-img what the base image at p is. name is the image's
 // path as the user knows it, for messages. The format is fixed by the file
-// extension where it says one (.qcow2, .raw) and probed for .img; images
-// with a backing file are refused, since the backing path would be
-// resolved on the host.
+// extension where it says one (.qcow2, .raw); an .img is qcow2 when it
+// starts like one, else raw. qemu-img runs as root and never probes.
+//
+// A qcow2 image may name host files: a backing file, or an external data
+// file holding its clusters. Either would be resolved on the host, by
+// qemu-img here and by QEMU later, so both are refused from the image's
+// header before any tool opens it.
 func ProbeImage(ctx context.Context, qemuImg, p, name string) (ImageInfo, error) {
-	args := []string{"info", "--output=json"}
-	switch strings.ToLower(filepath.Ext(name)) {
-	case ".qcow2":
-		args = append(args, "-f", "qcow2")
-	case ".raw":
-		args = append(args, "-f", "raw")
+	format, err := imageFormat(p, name)
+	if err != nil {
+		return ImageInfo{}, err
 	}
-	args = append(args, p)
-	out, err := runTool(ctx, qemuImg, args...)
+	out, err := runTool(ctx, qemuImg, "info", "--output=json", "-f", format, p)
 	if err != nil {
 		return ImageInfo{}, fmt.Errorf("disk image %s is not usable: %v: %w", name, err, errdefs.ErrInvalidArgument)
 	}
@@ -89,8 +90,8 @@ func ProbeImage(ctx context.Context, qemuImg, p, name string) (ImageInfo, error)
 		return ImageInfo{}, fmt.Errorf("disk image %s: cannot parse qemu-img output: %w", name, err)
 	}
 	switch {
-	case info.Format != "qcow2" && info.Format != "raw":
-		return ImageInfo{}, fmt.Errorf("disk image %s has format %q; only qcow2 and raw are supported: %w", name, info.Format, errdefs.ErrInvalidArgument)
+	case info.Format != format:
+		return ImageInfo{}, fmt.Errorf("disk image %s: qemu-img reports format %q, not %s: %w", name, info.Format, format, errdefs.ErrInvalidArgument)
 	case info.BackingFile != "":
 		return ImageInfo{}, fmt.Errorf("disk image %s has a backing file (%s); only self-contained images are supported: %w", name, info.BackingFile, errdefs.ErrInvalidArgument)
 	case info.VirtualSize <= 0:
@@ -99,21 +100,174 @@ func ProbeImage(ctx context.Context, qemuImg, p, name string) (ImageInfo, error)
 	return info, nil
 }
 
+// The parts of a qcow2 header (docs/interop/qcow2.txt in QEMU) that say
+// whether the image refers to other files.
+const (
+	qcow2Magic          = "QFI\xfb"
+	qcow2BackingOffset  = 8  // uint64, 0: no backing file
+	qcow2IncompatOffset = 72 // uint64, version 3 and later
+	qcow2V3HeaderLen    = 104
+	qcow2DataFileBit    = 1 << 2 // incompatible feature: external data file
+)
+
+// imageFormat decides the image's format without running a tool, and
+// refuses qcow2 images that refer to other files.
+func imageFormat(p, name string) (string, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return "", fmt.Errorf("disk image %s: %w", name, err)
+	}
+	defer f.Close()
+	hdr := make([]byte, qcow2V3HeaderLen)
+	n, err := io.ReadFull(f, hdr)
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
+		return "", fmt.Errorf("disk image %s: read header: %w", name, err)
+	}
+	hdr = hdr[:n]
+	isQcow2 := n >= 4 && string(hdr[:4]) == qcow2Magic
+	switch strings.ToLower(filepath.Ext(name)) {
+	case ".raw":
+		return "raw", nil
+	case ".qcow2":
+		if !isQcow2 {
+			return "", fmt.Errorf("disk image %s is not a qcow2 image (no qcow2 header): %w", name, errdefs.ErrInvalidArgument)
+		}
+	default:
+		if !isQcow2 {
+			return "raw", nil
+		}
+	}
+	if n < qcow2IncompatOffset {
+		return "", fmt.Errorf("disk image %s: qcow2 header is truncated: %w", name, errdefs.ErrInvalidArgument)
+	}
+	if binary.BigEndian.Uint64(hdr[qcow2BackingOffset:]) != 0 {
+		return "", fmt.Errorf("disk image %s has a backing file; only self-contained images are supported: %w", name, errdefs.ErrInvalidArgument)
+	}
+	if version := binary.BigEndian.Uint32(hdr[4:]); version >= 3 {
+		if n < qcow2IncompatOffset+8 {
+			return "", fmt.Errorf("disk image %s: qcow2 header is truncated: %w", name, errdefs.ErrInvalidArgument)
+		}
+		if binary.BigEndian.Uint64(hdr[qcow2IncompatOffset:])&qcow2DataFileBit != 0 {
+			return "", fmt.Errorf("disk image %s keeps its data in an external file; only self-contained images are supported: %w", name, errdefs.ErrInvalidArgument)
+		}
+	}
+	return "qcow2", nil
+}
+
+// OverlayOrigin is what a kept overlay was made on. It is stored next to
+// the overlay, so that a restarted container's disk is only re-pointed at
+// the very file it was made on.
+//
+// That file is known by its inode, size and mtime, not by its content: a
+// checksum would read the whole image at every start. With containerd's
+// overlayfs snapshotter (the default) a file of an image layer keeps its
+// inode in every container made from that layer, across reboots too. So a
+// restarted container of the same image matches, and an image whose layer
+// changed (a tag pushed anew, even with the same size) does not. The price:
+// an image unpacked again after garbage collection, or a snapshotter that
+// copies files per container (native), does not match either.
+type OverlayOrigin struct {
+	Image       string `json:"image,omitempty"` // the container image's name, when CRI gives it; for messages
+	Path        string `json:"path"`            // the disk image's path in the container image
+	Format      string `json:"format"`
+	VirtualSize int64  `json:"virtualSize"`
+	File        FileID `json:"file"`
+}
+
+// FileID tells one file of a snapshot from another; the device is left
+// out, since every overlay mount has its own.
+type FileID struct {
+	Inode   uint64 `json:"inode"`
+	Size    int64  `json:"size"`
+	ModTime int64  `json:"mtimeNs"`
+}
+
+// IdentifyFile returns the FileID of the open file f.
+func IdentifyFile(f *os.File) (FileID, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return FileID{}, fmt.Errorf("stat %s: %w", f.Name(), err)
+	}
+	return FileID{Inode: st.Ino, Size: st.Size, ModTime: st.Mtim.Nano()}, nil
+}
+
+func (o OverlayOrigin) sameFile(p OverlayOrigin) bool {
+	o.Image, p.Image = "", ""
+	return o == p
+}
+
+func (o OverlayOrigin) String() string {
+	s := fmt.Sprintf("%s (%s, %d bytes, inode %d)", o.Path, o.Format, o.VirtualSize, o.File.Inode)
+	if o.Image != "" {
+		s += " of image " + o.Image
+	}
+	return s
+}
+
+// originPath is where the origin of the overlay at overlay is kept.
+func originPath(overlay string) string { return overlay + ".origin.json" }
+
 // EnsureOverlay creates a qcow2 overlay at overlay on top of base, unless
-// one is already there (a restarted container keeps its data). It reports
-// whether it created the file.
-func EnsureOverlay(ctx context.Context, qemuImg, base, baseFormat, overlay string) (bool, error) {
-	if _, err := os.Stat(overlay); err == nil {
-		return false, nil
-	} else if !errors.Is(err, fs.ErrNotExist) {
+// one is already there: a restarted container keeps its data. A kept
+// overlay records the path of the base it was made on, and every container
+// mounts its image at a path of its own, so the overlay is re-pointed at
+// base (its header only), once origin shows that base is the same file. An
+// overlay made on anything else, or without a record of its origin, is
+// refused and left as it is. It reports whether it created the overlay; if
+// so, remove OverlayFiles on undo.
+func EnsureOverlay(ctx context.Context, qemuImg, base string, origin OverlayOrigin, overlay string) (bool, error) {
+	if _, err := os.Stat(overlay); errors.Is(err, fs.ErrNotExist) {
+		return true, createOverlay(ctx, qemuImg, base, origin, overlay)
+	} else if err != nil {
 		return false, fmt.Errorf("stat overlay %s: %w", overlay, err)
 	}
-	if _, err := runTool(ctx, qemuImg, "create", "-q", "-f", "qcow2", "-F", baseFormat, "-b", base, overlay); err != nil {
-		_ = os.Remove(overlay)
-		return false, fmt.Errorf("create overlay %s: %w", overlay, err)
+	b, err := os.ReadFile(originPath(overlay))
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, fmt.Errorf("the pod keeps a disk for this container (%s) with no record of the image it was made on: recreate the pod for a new disk: %w",
+			overlay, errdefs.ErrFailedPrecondition)
+	} else if err != nil {
+		return false, fmt.Errorf("read the origin of the kept disk %s: %w", overlay, err)
 	}
-	return true, nil
+	var was OverlayOrigin
+	if err := json.Unmarshal(b, &was); err != nil {
+		return false, fmt.Errorf("read the origin of the kept disk %s: %w", overlay, err)
+	}
+	if !was.sameFile(origin) {
+		return false, fmt.Errorf("the pod keeps this container's disk, made on %s, but the container now has %s: a disk is only reused on the image file it was made on; recreate the pod for a new disk: %w",
+			was, origin, errdefs.ErrFailedPrecondition)
+	}
+	if _, err := runTool(ctx, qemuImg, "rebase", "-q", "-u", "-f", "qcow2", "-F", origin.Format, "-b", base, overlay); err != nil {
+		return false, fmt.Errorf("point the kept disk %s at this container's image: %w", overlay, err)
+	}
+	return false, nil
 }
+
+func createOverlay(ctx context.Context, qemuImg, base string, origin OverlayOrigin, overlay string) error {
+	if _, err := runTool(ctx, qemuImg, "create", "-q", "-f", "qcow2", "-F", origin.Format, "-b", base, overlay); err != nil {
+		_ = os.Remove(overlay)
+		return fmt.Errorf("create overlay %s: %w", overlay, err)
+	}
+	if err := writeOrigin(origin, overlay); err != nil {
+		_ = os.Remove(overlay)
+		return err
+	}
+	return nil
+}
+
+func writeOrigin(origin OverlayOrigin, overlay string) error {
+	b, err := json.Marshal(origin)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(originPath(overlay), b, 0o600); err != nil {
+		_ = os.Remove(originPath(overlay))
+		return fmt.Errorf("record the origin of disk %s: %w", overlay, err)
+	}
+	return nil
+}
+
+// OverlayFiles lists the files of the overlay at overlay.
+func OverlayFiles(overlay string) []string { return []string{overlay, originPath(overlay)} }
 
 // CopyFile copies the open file f to a new file dst readable by QEMU. Used
 // for kernels and initrds that QEMU's user may not read where they are, so
