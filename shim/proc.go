@@ -6,8 +6,10 @@ import (
 	"sync"
 	"time"
 
+	eventstypes "github.com/containerd/containerd/api/events"
 	"github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/containerd/protobuf"
 )
 
 // proc is the lifecycle state every task has, whatever runs it: a status
@@ -23,6 +25,12 @@ type proc struct {
 	exitStatus uint32      // guarded by mu
 	exitedAt   time.Time   // guarded by mu
 	exited     chan struct{}
+
+	// publish queues the task's events in order. TaskStart and TaskExit
+	// are queued under mu, in the step that changes the status, so an
+	// exit follows its start and a Wait that returns has its exit queued
+	// (a Delete after it cannot overtake).
+	publish func(any)
 }
 
 type stdio struct {
@@ -30,8 +38,8 @@ type stdio struct {
 	Terminal              bool
 }
 
-func newProc(id, bundle string, io stdio) proc {
-	return proc{id: id, bundle: bundle, stdio: io, status: task.Status_CREATED, exited: make(chan struct{})}
+func newProc(id, bundle string, io stdio, publish func(any)) proc {
+	return proc{id: id, bundle: bundle, stdio: io, status: task.Status_CREATED, exited: make(chan struct{}), publish: publish}
 }
 
 func (p *proc) snapshot() (status task.Status, pid int, exitStatus uint32, exitedAt time.Time) {
@@ -40,8 +48,14 @@ func (p *proc) snapshot() (status task.Status, pid int, exitStatus uint32, exite
 	return p.status, p.pid, p.exitStatus, p.exitedAt
 }
 
-// setExitedLocked records the exit once; it reports false if the task had
-// already exited.
+// setRunningLocked records the start and queues TaskStart.
+func (p *proc) setRunningLocked(pid int) {
+	p.pid, p.status = pid, task.Status_RUNNING
+	p.publish(&eventstypes.TaskStart{ContainerID: p.id, Pid: uint32(pid)})
+}
+
+// setExitedLocked records the exit once and queues TaskExit before it
+// releases the waiters; it reports false if the task had already exited.
 func (p *proc) setExitedLocked(status uint32) bool {
 	if p.status == task.Status_STOPPED {
 		return false
@@ -49,6 +63,10 @@ func (p *proc) setExitedLocked(status uint32) bool {
 	p.status = task.Status_STOPPED
 	p.exitStatus = status
 	p.exitedAt = time.Now()
+	p.publish(&eventstypes.TaskExit{
+		ContainerID: p.id, ID: p.id, Pid: uint32(p.pid),
+		ExitStatus: status, ExitedAt: protobuf.ToTimestamp(p.exitedAt),
+	})
 	close(p.exited)
 	return true
 }

@@ -8,10 +8,8 @@ import (
 	"os"
 	"path/filepath"
 
-	eventstypes "github.com/containerd/containerd/api/events"
 	"github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/errdefs"
-	"github.com/containerd/containerd/protobuf"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -24,18 +22,16 @@ import (
 // pid is the shim's own, a live host pid as CRI needs.
 type sandboxTask struct {
 	proc
-	rec     taskRecord
-	layout  layout
-	netns   string
-	publish func(any)
+	rec    taskRecord
+	layout layout
+	netns  string
 }
 
 func createSandboxTask(l layout, r createRequest, ident vmIdentity, publish func(any)) (*sandboxTask, error) {
 	t := &sandboxTask{
-		proc:    newProc(r.id, r.bundle, r.stdio),
-		layout:  l,
-		netns:   netnsPath(r.spec),
-		publish: publish,
+		proc:   newProc(r.id, r.bundle, r.stdio, publish),
+		layout: l,
+		netns:  netnsPath(r.spec),
 		rec: taskRecord{
 			Kind: kindSandbox, ID: r.id, Namespace: ident.Namespace,
 			StateDir: l.root, PodUID: ident.PodUID, Pid: os.Getpid(),
@@ -74,8 +70,7 @@ func (t *sandboxTask) start(ctx context.Context) (int, error) {
 	if t.status != task.Status_CREATED {
 		return 0, fmt.Errorf("start %s: task is %s: %w", t.id, t.status, errdefs.ErrFailedPrecondition)
 	}
-	t.pid, t.status = os.Getpid(), task.Status_RUNNING
-	t.publish(&eventstypes.TaskStart{ContainerID: t.id, Pid: uint32(t.pid)}) // before any exit, as in vmTask.start
+	t.setRunningLocked(os.Getpid())
 	log.G(ctx).WithField("sandbox", t.id).WithField("netns", t.netns).Info("sandbox started")
 	return t.pid, nil
 }
@@ -93,9 +88,7 @@ func (t *sandboxTask) kill(ctx context.Context, sig uint32) error {
 		status = 0
 	}
 	t.setExitedLocked(status)
-	pid, at := t.pid, t.exitedAt
 	t.mu.Unlock()
-	t.publish(&eventstypes.TaskExit{ContainerID: t.id, ID: t.id, Pid: uint32(pid), ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)})
 	return nil
 }
 

@@ -11,11 +11,9 @@ import (
 	"sync"
 	"time"
 
-	eventstypes "github.com/containerd/containerd/api/events"
 	"github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/mount"
-	"github.com/containerd/containerd/protobuf"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -29,10 +27,8 @@ import (
 // vmTask is a container that runs as a libvirt domain. Its pid is QEMU's.
 type vmTask struct {
 	proc
-	h       *host
-	rec     taskRecord
-	publish func(any)
-
+	h        *host
+	rec      taskRecord
 	console  *console      // guarded by mu
 	fdServer *netfd.Server // hands the VM's network descriptors to its QEMU; nil without network
 }
@@ -257,7 +253,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	log.G(ctx).WithField("vm", name).WithField("accel", h.accel).
 		WithField("vcpus", set.vcpus).WithField("memoryMiB", set.memMiB).
 		WithField("took", ph.String()).Info("defined VM")
-	return &vmTask{proc: newProc(r.id, r.bundle, r.stdio), h: h, rec: rec, publish: publish, fdServer: fdServer}, nil
+	return &vmTask{proc: newProc(r.id, r.bundle, r.stdio, publish), h: h, rec: rec, fdServer: fdServer}, nil
 }
 
 // takeOverDomainName makes sure name is free for container id: a stopped
@@ -408,11 +404,8 @@ func (t *vmTask) start(ctx context.Context) (int, error) {
 		c.close()
 		return 0, err
 	}
-	t.console, t.pid, t.status = c, pid, task.Status_RUNNING
-	// Queued under mu, in the step that makes the task RUNNING: an exit
-	// seen from here on (onStopped checks the status under mu) is
-	// published after it.
-	t.publish(&eventstypes.TaskStart{ContainerID: t.id, Pid: uint32(pid)})
+	t.console = c
+	t.setRunningLocked(pid) // onStopped checks the status under mu: an exit seen from here on follows the TaskStart
 	t.rec.Pid = pid
 	if err := writeRecord(t.bundle, &t.rec); err != nil {
 		log.G(ctx).WithError(err).WithField("vm", name).Warn("update task record")
@@ -459,34 +452,33 @@ func (t *vmTask) onStopped(ctx context.Context, reason vm.StopReason) {
 	}
 	t.mu.Lock()
 	published := t.setExitedLocked(reason.ExitStatus())
-	pid, status, at := t.pid, t.exitStatus, t.exitedAt
+	status := t.exitStatus
 	t.mu.Unlock()
-	if !published {
-		return
+	if published {
+		log.G(ctx).WithField("vm", t.rec.Domain).WithField("reason", reason).WithField("exitStatus", status).Info("VM stopped")
 	}
-	log.G(ctx).WithField("vm", t.rec.Domain).WithField("reason", reason).WithField("exitStatus", status).Info("VM stopped")
-	t.publish(&eventstypes.TaskExit{
-		ContainerID: t.id, ID: t.id, Pid: uint32(pid),
-		ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at),
-	})
 }
 
 func (t *vmTask) kill(ctx context.Context, sig uint32) error {
 	t.mu.Lock()
 	if t.status == task.Status_CREATED {
 		// Nothing runs yet: the task just ends, as a process would.
-		ok := t.setExitedLocked(128 + sig)
-		pid, at := t.pid, t.exitedAt
+		t.setExitedLocked(128 + sig)
 		t.mu.Unlock()
-		if ok {
-			t.publish(&eventstypes.TaskExit{ContainerID: t.id, ID: t.id, Pid: uint32(pid), ExitStatus: 128 + sig, ExitedAt: protobuf.ToTimestamp(at)})
-		}
 		return nil
 	}
 	err := t.checkRunningLocked("kill")
+	paused := t.status == task.Status_PAUSED
 	t.mu.Unlock()
 	if err != nil {
 		return err
+	}
+	switch unix.Signal(sig) {
+	case unix.SIGTERM, unix.SIGINT, unix.SIGPWR:
+		if paused {
+			return fmt.Errorf("kill %s: the VM is paused and cannot answer the ACPI power button that signal %d presses: resume it first, or send SIGKILL: %w",
+				t.id, sig, errdefs.ErrFailedPrecondition)
+		}
 	}
 	switch unix.Signal(sig) {
 	case unix.SIGKILL:
@@ -497,9 +489,11 @@ func (t *vmTask) kill(ctx context.Context, sig uint32) error {
 		return fmt.Errorf("signal %d is not supported for a VM: SIGTERM, SIGINT or SIGPWR press the ACPI power button, SIGKILL destroys it: %w", sig, errdefs.ErrInvalidArgument)
 	}
 	if errdefs.IsFailedPrecondition(err) || errdefs.IsNotFound(err) {
-		// The domain stopped between our check and libvirt's.
+		// The domain may have stopped between our check and libvirt's.
 		t.resync(ctx)
-		return fmt.Errorf("kill %s: process already finished: %w", t.id, errdefs.ErrNotFound)
+		if status, _, _, _ := t.snapshot(); status == task.Status_STOPPED {
+			return fmt.Errorf("kill %s: process already finished: %w", t.id, errdefs.ErrNotFound)
+		}
 	}
 	return err
 }

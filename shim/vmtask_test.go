@@ -202,6 +202,44 @@ func TestVMTaskStartPublishedBeforeImmediateExit(t *testing.T) {
 	}
 }
 
+// A Wait that returns finds the TaskExit queued: a Delete that follows
+// the Wait cannot publish its TaskDelete first.
+func TestVMTaskExitQueuedBeforeWaitReturns(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.started()
+	queued := make(chan int, 1)
+	go func() {
+		_, _, _ = vt.wait(context.Background())
+		queued <- len(f.events.exits())
+	}()
+	f.fake.stop(vt.rec.Domain, vm.StopShutdown)
+	vt.onStopped(context.Background(), vm.StopShutdown)
+	if n := <-queued; n != 1 {
+		t.Errorf("Wait returned with %d TaskExit queued, want 1", n)
+	}
+}
+
+// SIGTERM presses the power button, which a paused guest cannot answer:
+// the caller learns that, and the VM stays as it is.
+func TestVMTaskKillPaused(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.started()
+	ctx := context.Background()
+	if err := vt.pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err := vt.kill(ctx, uint32(unix.SIGTERM))
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "paused") {
+		t.Errorf("SIGTERM while paused: %v, want FailedPrecondition naming the pause", err)
+	}
+	if status, _, _, _ := vt.snapshot(); status != task.Status_PAUSED {
+		t.Errorf("after SIGTERM: %s, want PAUSED", status)
+	}
+	if err := vt.kill(ctx, uint32(unix.SIGKILL)); err != nil {
+		t.Errorf("SIGKILL while paused: %v", err)
+	}
+}
+
 func TestVMTaskKillRejectsOtherSignals(t *testing.T) {
 	f := newVMFixture(t)
 	vt := f.started()
