@@ -150,7 +150,10 @@ func Build(ctx context.Context, dir, out string, inst Instance, network *Network
 			return err
 		}
 	}
-	if err := os.Chmod(tmpName, 0o644); err != nil {
+	// Only root reads it until libvirt hands it to QEMU's user at start
+	// (dynamic ownership, which the VM's writable overlay needs too): it
+	// holds user-data, often passwords and keys.
+	if err := os.Chmod(tmpName, 0o600); err != nil {
 		return err
 	}
 	if err := os.Rename(tmpName, out); err != nil {

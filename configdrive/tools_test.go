@@ -102,8 +102,8 @@ func TestVFATReaders(t *testing.T) {
 	if st.Size() != VFATSize {
 		t.Errorf("image is %d bytes, want %d", st.Size(), VFATSize)
 	}
-	if st.Mode().Perm() != 0o644 {
-		t.Errorf("image mode %v, want 0644", st.Mode().Perm())
+	if st.Mode().Perm() != 0o600 {
+		t.Errorf("image mode %v, want 0600: it holds user-data", st.Mode().Perm())
 	}
 
 	// fsck.fat -n: read-only check; exit 0 and no complaint.
