@@ -18,9 +18,9 @@ import (
 )
 
 // SocketDir holds one socket per VM with a network, named <domain>.sock.
-// It is owned by the QEMU user and closed to everyone else; the emulator
-// wrapper, which libvirt runs as that user, connects to it by the domain
-// name it finds in its own command line.
+// The dir is root's and only searchable; each socket belongs to the QEMU
+// user alone. The emulator wrapper, which libvirt runs as that user,
+// connects by the domain name it finds in its own command line.
 const SocketDir = "/run/containerd-shim-kvm-v1/netfd"
 
 // SocketPath is where the shim serves the descriptors of a domain.
@@ -84,22 +84,19 @@ type Server struct {
 // Serve listens at SocketPath(dir, domain) until Close. It serves every
 // connection, so a restarted domain gets fresh descriptors.
 func Serve(ctx context.Context, dir, domain string, qemuUID, qemuGID int, pidDir string, provide Provider) (*Server, error) {
-	// The parent only needs to be searchable; the socket dir is the QEMU
-	// user's alone.
-	if err := os.MkdirAll(filepath.Dir(dir), 0o711); err != nil {
-		return nil, fmt.Errorf("create %s: %w", filepath.Dir(dir), err)
-	}
-	if err := os.Chmod(filepath.Dir(dir), 0o711); err != nil {
-		return nil, err
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("create %s: %w", dir, err)
-	}
-	if err := os.Chown(dir, qemuUID, qemuGID); err != nil {
-		return nil, fmt.Errorf("give %s to the QEMU user: %w", dir, err)
-	}
-	if err := os.Chmod(dir, 0o700); err != nil {
-		return nil, err
+	// The dirs are root's and only searchable by others: the QEMU user
+	// reaches its sockets by name but can neither list them nor remove or
+	// replace one (another VM's QEMU runs as the same user).
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, fmt.Errorf("create %s: %w", d, err)
+		}
+		if err := os.Chown(d, os.Geteuid(), os.Getegid()); err != nil {
+			return nil, fmt.Errorf("take %s: %w", d, err)
+		}
+		if err := os.Chmod(d, 0o711); err != nil {
+			return nil, err
+		}
 	}
 	path := SocketPath(dir, domain)
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -175,29 +172,57 @@ func (s *Server) serve(c *net.UnixConn) error {
 	return nil
 }
 
-// authorize checks who is on the other end of c.
-func (s *Server) authorize(c *net.UnixConn) error {
+// peerCred returns the credentials of the process on the other end of c.
+func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
 	raw, err := c.SyscallConn()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var cred *unix.Ucred
 	var cerr error
 	if err := raw.Control(func(fd uintptr) {
 		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
 	}); err != nil {
-		return err
+		return nil, err
 	}
 	if cerr != nil {
-		return fmt.Errorf("peer credentials: %w", cerr)
+		return nil, fmt.Errorf("peer credentials: %w", cerr)
+	}
+	return cred, nil
+}
+
+func peerUID(c *net.UnixConn) (uint32, error) {
+	cred, err := peerCred(c)
+	if err != nil {
+		return 0, err
+	}
+	return cred.Uid, nil
+}
+
+// authorize checks who is on the other end of c.
+func (s *Server) authorize(c *net.UnixConn) error {
+	cred, err := peerCred(c)
+	if err != nil {
+		return err
 	}
 	if int(cred.Uid) != s.qemuUID {
 		return fmt.Errorf("peer pid %d runs as uid %d, not the QEMU user %d", cred.Pid, cred.Uid, s.qemuUID)
 	}
-	if b, err := os.ReadFile(filepath.Join(s.pidDir, s.domain+".pid")); err == nil {
-		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid != int(cred.Pid) {
-			return fmt.Errorf("peer pid %d is not the process libvirt started for %s (pid %d)", cred.Pid, s.domain, pid)
-		}
+	// libvirt writes the pid file before the process it forked may exec
+	// (it holds it at a handshake until then), so the QEMU it starts always
+	// finds it. Without one, no QEMU of this domain runs: refuse, since the
+	// command line below is the peer's to choose.
+	pidFile := filepath.Join(s.pidDir, s.domain+".pid")
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		return fmt.Errorf("peer pid %d: no QEMU of %s runs: %w", cred.Pid, s.domain, err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return fmt.Errorf("peer pid %d: pid file %s: %w", cred.Pid, pidFile, err)
+	}
+	if pid != int(cred.Pid) {
+		return fmt.Errorf("peer pid %d is not the process libvirt started for %s (pid %d)", cred.Pid, s.domain, pid)
 	}
 	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", cred.Pid))
 	if err != nil {
@@ -247,6 +272,12 @@ func Fetch(path string) (Grant, []int, []int, error) {
 		return Grant{}, nil, nil, fmt.Errorf("connect to %s: %w", path, err)
 	}
 	defer c.Close()
+	// Only the shim (root) hands out descriptors and names the emulator.
+	if uid, err := peerUID(c); err != nil {
+		return Grant{}, nil, nil, fmt.Errorf("%s: %w", path, err)
+	} else if uid != 0 {
+		return Grant{}, nil, nil, fmt.Errorf("%s is served by uid %d, not root", path, uid)
+	}
 	buf := make([]byte, 4096)
 	oob := make([]byte, unix.CmsgSpace(4*64))
 	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)

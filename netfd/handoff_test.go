@@ -1,13 +1,16 @@
 package netfd
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -19,6 +22,13 @@ func TestFetchChild(t *testing.T) {
 	sock := os.Getenv("KVMSHIM_FETCH_SOCK")
 	if sock == "" {
 		t.Skip("helper for TestHandoff")
+	}
+	if pidFile := os.Getenv("KVMSHIM_FETCH_PIDFILE"); pidFile != "" {
+		// as libvirt does before the QEMU it forked execs
+		if err := os.WriteFile(pidFile, []byte(fmt.Sprintf("%d\n", os.Getpid())), 0o600); err != nil {
+			fmt.Printf("FETCH-ERROR write pid file: %v\n", err)
+			return
+		}
 	}
 	g, tap, vhost, err := Fetch(sock)
 	if err != nil {
@@ -34,10 +44,12 @@ func TestFetchChild(t *testing.T) {
 	fmt.Printf("FETCH-OK %s\n", b)
 }
 
-func runFetchChild(t *testing.T, sock, nameArg string) string {
+// runFetchChild runs the wrapper's side with nameArg on its command line;
+// with pidFile, the child first writes its pid there, as libvirt would.
+func runFetchChild(t *testing.T, sock, nameArg, pidFile string) string {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestFetchChild$", "-test.v", "--", "-name", nameArg)
-	cmd.Env = append(os.Environ(), "KVMSHIM_FETCH_SOCK="+sock)
+	cmd.Env = append(os.Environ(), "KVMSHIM_FETCH_SOCK="+sock, "KVMSHIM_FETCH_PIDFILE="+pidFile)
 	out, _ := cmd.CombinedOutput()
 	for _, line := range strings.Split(string(out), "\n") {
 		if strings.HasPrefix(line, "FETCH-") {
@@ -64,22 +76,25 @@ func TestHandoff(t *testing.T) {
 		}
 		return Grant{NetdevID: "kvmnet0", MAC: "02:00:00:00:00:01", Bus: "pcie.0", Addr: "0x10"}, tap, nil, nil
 	}
-	s, err := Serve(context.Background(), dir, "dom1", 0, 0, t.TempDir(), provide)
+	pidDir := t.TempDir()
+	pidFile := filepath.Join(pidDir, "dom1.pid")
+	s, err := Serve(context.Background(), dir, "dom1", 0, 0, pidDir, provide)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
+	// The QEMU user reaches its socket but cannot replace another's.
 	st, err := os.Stat(dir)
-	if err != nil || st.Mode().Perm() != 0o700 {
-		t.Errorf("socket dir mode %v, %v", st.Mode(), err)
+	if err != nil || st.Mode().Perm() != 0o711 || st.Sys().(*syscall.Stat_t).Uid != 0 {
+		t.Errorf("socket dir %v owned by %d, %v; want root's, 0711", st.Mode(), st.Sys().(*syscall.Stat_t).Uid, err)
 	}
 
-	got := runFetchChild(t, SocketPath(dir, "dom1"), "guest=dom1,debug-threads=on")
+	got := runFetchChild(t, SocketPath(dir, "dom1"), "guest=dom1,debug-threads=on", pidFile)
 	if !strings.HasPrefix(got, "FETCH-OK") || !strings.Contains(got, `"tap":2`) || !strings.Contains(got, `"inheritable":true`) {
 		t.Errorf("the VM's own wrapper: %s", got)
 	}
 	// Another VM's process (same QEMU user) gets nothing.
-	if got := runFetchChild(t, SocketPath(dir, "dom1"), "guest=dom2,debug-threads=on"); !strings.HasPrefix(got, "FETCH-ERROR") {
+	if got := runFetchChild(t, SocketPath(dir, "dom1"), "guest=dom2,debug-threads=on", pidFile); !strings.HasPrefix(got, "FETCH-ERROR") {
 		t.Errorf("a process naming another domain: %s", got)
 	}
 	if err := s.Close(); err != nil {
@@ -90,12 +105,12 @@ func TestHandoff(t *testing.T) {
 	}
 
 	// A peer that is not the QEMU user gets nothing either.
-	s2, err := Serve(context.Background(), dir, "dom1", 64055, 64055, t.TempDir(), provide)
+	s2, err := Serve(context.Background(), dir, "dom1", 64055, 64055, pidDir, provide)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s2.Close()
-	if got := runFetchChild(t, SocketPath(dir, "dom1"), "guest=dom1"); !strings.HasPrefix(got, "FETCH-ERROR") {
+	if got := runFetchChild(t, SocketPath(dir, "dom1"), "guest=dom1", pidFile); !strings.HasPrefix(got, "FETCH-ERROR") {
 		t.Errorf("a peer of another uid: %s", got)
 	}
 }
@@ -117,7 +132,94 @@ func TestHandoffChecksLibvirtPid(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if got := runFetchChild(t, SocketPath(dir, "dom1"), "guest=dom1"); !strings.HasPrefix(got, "FETCH-ERROR") {
+	if got := runFetchChild(t, SocketPath(dir, "dom1"), "guest=dom1", ""); !strings.HasPrefix(got, "FETCH-ERROR") {
 		t.Errorf("got %s", got)
+	}
+}
+
+// With no pid file no QEMU of the domain runs (before the start, or after
+// the VM stopped, while the socket still serves): a process of the QEMU
+// user that names the domain on its command line, as any process may,
+// gets nothing.
+func TestHandoffNeedsLibvirtPid(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to chown the socket")
+	}
+	dir := filepath.Join(t.TempDir(), "netfd")
+	s, err := Serve(context.Background(), dir, "dom1", 0, 0, t.TempDir(), func() (Grant, []*os.File, []*os.File, error) {
+		t.Error("descriptors provided with no QEMU running")
+		return Grant{}, nil, nil, fmt.Errorf("no")
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if got := runFetchChild(t, SocketPath(dir, "dom1"), "guest=dom1", ""); !strings.HasPrefix(got, "FETCH-ERROR") {
+		t.Errorf("got %s", got)
+	}
+}
+
+// TestServeChild listens where KVMSHIM_SERVE_SOCK says and accepts one
+// connection: a server that is not the shim (see TestFetchRefusesNonRoot).
+func TestServeChild(t *testing.T) {
+	sock := os.Getenv("KVMSHIM_SERVE_SOCK")
+	if sock == "" {
+		t.Skip("helper for TestFetchRefusesNonRoot")
+	}
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		fmt.Printf("SERVE-ERROR %v\n", err)
+		return
+	}
+	fmt.Println("SERVE-READY")
+	c, err := l.Accept()
+	if err == nil {
+		c.Close()
+	}
+}
+
+// A socket put in the domain's place by anyone but root (another VM's
+// QEMU, say) gets no hearing from the wrapper.
+func TestFetchRefusesNonRoot(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run a server as another user")
+	}
+	dir := t.TempDir() // the child, as uid 65534, runs a copy of this test binary from here
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o777); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bin := filepath.Join(dir, "netfd.test")
+	self, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, self, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "dom1.sock")
+	cmd := exec.Command(bin, "-test.run=^TestServeChild$", "-test.v")
+	cmd.Env = append(os.Environ(), "KVMSHIM_SERVE_SOCK="+sock)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	r := bufio.NewReader(out)
+	line, err := r.ReadString('\n')
+	for err == nil && !strings.HasPrefix(line, "SERVE-") { // go test's own lines first
+		line, err = r.ReadString('\n')
+	}
+	if !strings.HasPrefix(line, "SERVE-READY") {
+		t.Fatalf("server as uid 65534: %q %v", line, err)
+	}
+	_, _, _, err = Fetch(sock)
+	if err == nil || !strings.Contains(err.Error(), "uid 65534, not root") {
+		t.Errorf("Fetch from a server of uid 65534: %v", err)
 	}
 }
