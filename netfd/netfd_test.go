@@ -172,7 +172,7 @@ func TestTAPLifecycle(t *testing.T) {
 	if pn, err := Inspect(path); err != nil || pn.Interface != "eth0" {
 		t.Errorf("inspect with TAP: %+v, %v", pn, err)
 	}
-	if err := Unwire(path, "eth0", created); err != nil {
+	if err := Unwire(path, "eth0", tap.Name, created); err != nil {
 		t.Fatal(err)
 	}
 	if err := DeleteTAP(path, tap.Name); err != nil {
@@ -198,7 +198,7 @@ func TestTAPLifecycle(t *testing.T) {
 	if err := DeleteTAP(path, tap.Name); err != nil {
 		t.Error(err)
 	}
-	if err := Unwire("/var/run/netns/gone", "eth0", true); err != nil {
+	if err := Unwire("/var/run/netns/gone", "eth0", tap.Name, true); err != nil {
 		t.Error(err)
 	}
 }
@@ -220,7 +220,7 @@ func TestUnwireKeepsForeignQdisc(t *testing.T) {
 	if err != nil || created {
 		t.Fatalf("wire: created=%v, %v", created, err)
 	}
-	if err := Unwire(path, "eth0", created); err != nil {
+	if err := Unwire(path, "eth0", tap.Name, created); err != nil {
 		t.Fatal(err)
 	}
 	_ = inNetns(path, func(h *netlink.Handle) error {
@@ -264,5 +264,100 @@ func TestGrantArgs(t *testing.T) {
 	}
 	if got := strings.Join(g.QEMUArgs([]int{3}, nil), " "); strings.Contains(got, "vhost") || strings.Contains(got, "mq=on") {
 		t.Errorf("single queue without vhost: %s", got)
+	}
+}
+
+// podRedirectTargets names the links eth0's redirects of ours go to.
+func podRedirectTargets(t *testing.T, path string) []string {
+	t.Helper()
+	var names []string
+	err := inNetns(path, func(h *netlink.Handle) error {
+		l, err := h.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		rs, err := ourRedirects(h, l)
+		if err != nil {
+			return err
+		}
+		for _, r := range rs {
+			name := "gone"
+			if to, err := h.LinkByIndex(r.target); err == nil {
+				name = to.Attrs().Name
+			}
+			names = append(names, name)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return names
+}
+
+// A pod's network serves one VM: a second VM's Wire is refused and its
+// teardown leaves the first VM's redirect alone.
+func TestWireOneVMPerPod(t *testing.T) {
+	path := podNetns(t, cniLike(t, "eth0", "02:42:0a:4d:00:05"))
+	first := TAP{Name: TAPPrefix + "a", Queues: 1, MTU: 1450}
+	second := TAP{Name: TAPPrefix + "b", Queues: 1, MTU: 1450}
+	for _, tap := range []TAP{first, second} {
+		if err := CreateTAP(path, tap); err != nil {
+			t.Fatal(err)
+		}
+	}
+	created, err := Wire(path, "eth0", first.Name)
+	if err != nil || !created {
+		t.Fatalf("first VM: created %v, %v", created, err)
+	}
+	createdAgain, err := Wire(path, "eth0", second.Name)
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), first.Name) || createdAgain {
+		t.Errorf("second VM: created %v, %v; want FailedPrecondition naming %s", createdAgain, err, first.Name)
+	}
+	if err := Unwire(path, "eth0", second.Name, createdAgain); err != nil {
+		t.Fatal(err)
+	}
+	if got := podRedirectTargets(t, path); len(got) != 1 || got[0] != first.Name {
+		t.Errorf("after the second VM's teardown eth0 redirects to %v, want [%s]", got, first.Name)
+	}
+	if err := Unwire(path, "eth0", first.Name, created); err != nil {
+		t.Fatal(err)
+	}
+	if got := podRedirectTargets(t, path); len(got) != 0 {
+		t.Errorf("after the first VM's teardown eth0 redirects to %v", got)
+	}
+}
+
+// A shim that died left its redirect to a TAP that is gone: the next VM
+// of the pod takes the network, and the late teardown of the dead one
+// (whose TAP is gone) leaves the new VM's redirect and qdisc in place.
+func TestWireReplacesStaleRedirect(t *testing.T) {
+	path := podNetns(t, cniLike(t, "eth0", "02:42:0a:4d:00:05"))
+	old := TAP{Name: TAPPrefix + "old", Queues: 1, MTU: 1450}
+	if err := CreateTAP(path, old); err != nil {
+		t.Fatal(err)
+	}
+	oldCreated, err := Wire(path, "eth0", old.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := DeleteTAP(path, old.Name); err != nil {
+		t.Fatal(err)
+	}
+	if got := podRedirectTargets(t, path); len(got) != 1 || got[0] != "gone" {
+		t.Fatalf("stale redirect: %v", got)
+	}
+	next := TAP{Name: TAPPrefix + "new", Queues: 1, MTU: 1450}
+	if err := CreateTAP(path, next); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Wire(path, "eth0", next.Name); err != nil {
+		t.Fatalf("next VM: %v", err)
+	}
+	if err := Unwire(path, "eth0", old.Name, oldCreated); err != nil {
+		t.Fatal(err)
+	}
+	if got := podRedirectTargets(t, path); len(got) != 1 || got[0] != next.Name {
+		t.Errorf("eth0 redirects to %v, want [%s]", got, next.Name)
 	}
 }

@@ -18,6 +18,11 @@ const filterPrio = 49152
 // and a match-all u32 filter with a mirred egress redirect on each side.
 // It reports whether it created the CNI interface's ingress qdisc, so
 // Unwire can leave a qdisc that was there before.
+//
+// A pod's network serves one VM: while another TAP's redirect is on the
+// CNI interface, Wire fails with FailedPrecondition. A redirect to a TAP
+// that is gone (left by a shim that died) is removed. If Wire fails
+// halfway, it takes back what it added.
 func Wire(netnsPath, podIf, tap string) (createdQdisc bool, err error) {
 	err = inNetns(netnsPath, func(h *netlink.Handle) error {
 		pod, err := h.LinkByName(podIf)
@@ -31,6 +36,29 @@ func Wire(netnsPath, podIf, tap string) (createdQdisc bool, err error) {
 		if createdQdisc, err = ensureIngress(h, pod); err != nil {
 			return err
 		}
+		wired := false
+		defer func() {
+			if !wired {
+				_ = unwire(h, pod, t.Attrs().Index, createdQdisc)
+			}
+		}()
+		redirects, err := ourRedirects(h, pod)
+		if err != nil {
+			return err
+		}
+		for _, r := range redirects {
+			other, err := h.LinkByIndex(r.target)
+			if err != nil {
+				if err := h.FilterDel(r.filter); err != nil && !errors.Is(err, unix.ENOENT) {
+					return fmt.Errorf("remove the redirect of %s to a TAP that is gone: %w", podIf, err)
+				}
+				continue
+			}
+			if r.target != t.Attrs().Index {
+				return fmt.Errorf("%s already carries the network of another VM (to %s): a pod's network serves one VM: %w",
+					podIf, other.Attrs().Name, errdefs.ErrFailedPrecondition)
+			}
+		}
 		if _, err := ensureIngress(h, t); err != nil {
 			return err
 		}
@@ -40,15 +68,18 @@ func Wire(netnsPath, podIf, tap string) (createdQdisc bool, err error) {
 		if err := h.FilterReplace(redirect(t, pod)); err != nil {
 			return fmt.Errorf("redirect %s to %s: %w", tap, podIf, err)
 		}
+		wired = true
 		return nil
 	})
 	return createdQdisc, err
 }
 
-// Unwire removes our filters (and the CNI interface's ingress qdisc when
-// Wire created it), leaving the interface as CNI made it. Anything already
-// gone is fine.
-func Unwire(netnsPath, podIf string, removeQdisc bool) error {
+// Unwire removes the redirect of the CNI interface to the TAP (and the
+// interface's ingress qdisc when Wire created it and no other redirect of
+// ours is left), leaving the interface as CNI made it. The TAP's own
+// filter goes with the TAP. Anything already gone is fine; a redirect to
+// a TAP that is gone counts as this one's.
+func Unwire(netnsPath, podIf, tap string, removeQdisc bool) error {
 	err := inNetns(netnsPath, func(h *netlink.Handle) error {
 		pod, err := h.LinkByName(podIf)
 		if err != nil {
@@ -58,30 +89,74 @@ func Unwire(netnsPath, podIf string, removeQdisc bool) error {
 			}
 			return fmt.Errorf("find CNI interface %s: %w", podIf, err)
 		}
-		if removeQdisc {
-			err := h.QdiscDel(ingress(pod))
-			if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) {
-				return fmt.Errorf("remove ingress qdisc of %s: %w", podIf, err)
-			}
-			return nil
+		index := 0 // the TAP is gone: its redirect points nowhere
+		if t, err := h.LinkByName(tap); err == nil {
+			index = t.Attrs().Index
 		}
-		filters, err := h.FilterList(pod, netlink.HANDLE_MIN_INGRESS)
-		if err != nil {
-			return nil // no ingress qdisc: no filters either
-		}
-		for _, f := range filters {
-			if f.Attrs().Priority == filterPrio {
-				if err := h.FilterDel(f); err != nil && !errors.Is(err, unix.ENOENT) {
-					return fmt.Errorf("remove redirect filter of %s: %w", podIf, err)
-				}
-			}
-		}
-		return nil
+		return unwire(h, pod, index, removeQdisc)
 	})
 	if errdefs.IsNotFound(err) {
 		return nil
 	}
 	return err
+}
+
+// unwire removes pod's redirects to the link with index tap (0: none) and
+// to links that are gone; and pod's ingress qdisc, if removeQdisc and no
+// redirect of ours is left on it.
+func unwire(h *netlink.Handle, pod netlink.Link, tap int, removeQdisc bool) error {
+	redirects, err := ourRedirects(h, pod)
+	if err != nil {
+		return nil // no ingress qdisc: no filters either
+	}
+	left := 0
+	for _, r := range redirects {
+		if r.target != tap {
+			if _, err := h.LinkByIndex(r.target); err == nil {
+				left++ // another VM's, live
+				continue
+			}
+		}
+		if err := h.FilterDel(r.filter); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("remove redirect filter of %s: %w", pod.Attrs().Name, err)
+		}
+	}
+	if removeQdisc && left == 0 {
+		err := h.QdiscDel(ingress(pod))
+		if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("remove ingress qdisc of %s: %w", pod.Attrs().Name, err)
+		}
+	}
+	return nil
+}
+
+type podRedirect struct {
+	filter netlink.Filter
+	target int // ifindex the frames go to; 0 if the filter has no redirect
+}
+
+// ourRedirects lists the filters of our priority on l's ingress.
+func ourRedirects(h *netlink.Handle, l netlink.Link) ([]podRedirect, error) {
+	filters, err := h.FilterList(l, netlink.HANDLE_MIN_INGRESS)
+	if err != nil {
+		return nil, fmt.Errorf("list filters of %s: %w", l.Attrs().Name, err)
+	}
+	var out []podRedirect
+	for _, f := range filters {
+		if f.Attrs().Priority != filterPrio {
+			continue
+		}
+		r := podRedirect{filter: f}
+		if u, ok := f.(*netlink.U32); ok {
+			for _, a := range u.Actions {
+				if m, ok := a.(*netlink.MirredAction); ok {
+					r.target = m.Ifindex
+				}
+			}
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }
 
 func ingress(l netlink.Link) *netlink.Ingress {

@@ -75,7 +75,7 @@ func setupNetwork(ctx context.Context, h *host, netns, domain, key string, vcpus
 	if err != nil {
 		return nil, pn, nil, err
 	}
-	undo.add(func() { _ = netfd.Unwire(netns, pn.Interface, created) })
+	undo.add(func() { _ = netfd.Unwire(netns, pn.Interface, tap.Name, created) })
 
 	vhost := h.accel == vm.AccelKVM
 	if vhost {
@@ -118,7 +118,7 @@ func teardownNetwork(n *vmNetwork) error {
 	if n == nil {
 		return nil
 	}
-	if err := netfd.Unwire(n.Netns, n.PodIf, n.CreatedQdisc); err != nil {
+	if err := netfd.Unwire(n.Netns, n.PodIf, n.TAP, n.CreatedQdisc); err != nil {
 		return err
 	}
 	return netfd.DeleteTAP(n.Netns, n.TAP)
