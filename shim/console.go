@@ -49,8 +49,9 @@ func checkStdio(io stdio) error {
 	return nil
 }
 
-// openStdio opens the task's stdin and stdout. containerd holds the other
-// ends open, so opening the FIFOs does not block for long.
+// openStdio opens the task's stdin and stdout. Opening the stdout FIFO
+// never blocks (the shim holds a read end of its own); stdin's open waits
+// in the background for containerd's writer.
 func openStdio(ctx context.Context, io stdio) (in io.ReadCloser, out io.WriteCloser, retErr error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -60,7 +61,7 @@ func openStdio(ctx context.Context, io stdio) (in io.ReadCloser, out io.WriteClo
 		if u.Scheme == "file" {
 			out, err = os.OpenFile(u.Path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
 		} else {
-			out, err = fifo.OpenFifo(ctx, u.Path, syscall.O_WRONLY, 0)
+			out, err = openStdoutFIFO(u.Path)
 		}
 		if err != nil {
 			return nil, nil, fmt.Errorf("open stdout %s: %w", io.Stdout, err)
@@ -112,6 +113,9 @@ func (c *console) copyOut(ctx context.Context) {
 	if _, err := io.Copy(w, c.conn); err != nil && !isClosedConn(err) {
 		log.G(ctx).WithError(err).Debug("console copy ended")
 	}
+	if f, ok := c.stdout.(*stdoutFIFO); ok && f.dropped > 0 {
+		log.G(ctx).WithField("bytes", f.dropped).Warn("guest output dropped while nobody read stdout (it is in the console log)")
+	}
 	if c.stdout != nil {
 		c.stdout.Close()
 	}
@@ -133,6 +137,67 @@ func (c *console) close() {
 		}
 		<-c.done
 	})
+}
+
+// stallTimeout is how long guest output waits for a full stdout FIFO
+// before it is dropped.
+const stallTimeout = time.Second
+
+// stdoutFIFO writes guest output to containerd's stdout FIFO. It holds a
+// read end of its own (never read), as runc's shim does, so a write never
+// fails with EPIPE while containerd is away: when containerd restarts, it
+// reopens the FIFO and the output goes on reaching the container log.
+// Meanwhile the FIFO fills; a write that waits stallTimeout for room is
+// dropped, and further writes are dropped at once until one fits again,
+// so the guest is never held on its serial port by a reader that is gone.
+type stdoutFIFO struct {
+	r, w     *os.File
+	dropping bool
+	dropped  int64 // bytes of output dropped since open
+}
+
+func openStdoutFIFO(path string) (*stdoutFIFO, error) {
+	r, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	st, err := r.Stat()
+	if err == nil && st.Mode()&os.ModeNamedPipe == 0 {
+		err = fmt.Errorf("%s is not a FIFO", path)
+	}
+	var w *os.File
+	if err == nil {
+		w, err = os.OpenFile(path, os.O_WRONLY, 0) // returns at once: a reader (r) is there
+	}
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
+	return &stdoutFIFO{r: r, w: w}, nil
+}
+
+func (f *stdoutFIFO) Write(b []byte) (int, error) {
+	deadline := time.Now().Add(stallTimeout)
+	if f.dropping {
+		// Room now or never. (A deadline already past would fail the
+		// write before it is tried.)
+		deadline = time.Now().Add(time.Millisecond)
+	}
+	if err := f.w.SetWriteDeadline(deadline); err != nil {
+		return 0, err
+	}
+	n, err := f.w.Write(b)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		f.dropping = true
+		f.dropped += int64(len(b) - n)
+		return len(b), nil
+	}
+	f.dropping = false
+	return n, err
+}
+
+func (f *stdoutFIFO) Close() error {
+	return errors.Join(f.w.Close(), f.r.Close())
 }
 
 // forgivingWriter turns into a sink after its first write error.
