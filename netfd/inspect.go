@@ -1,13 +1,9 @@
 package netfd
 
 import (
-	"bufio"
-	"errors"
 	"fmt"
-	"io/fs"
 	"net"
 	"net/netip"
-	"os"
 	"sort"
 	"strings"
 
@@ -131,33 +127,4 @@ func convertRoute(r netlink.Route) (Route, bool) {
 		return Route{}, false
 	}
 	return rt, true
-}
-
-// ReadResolvConf returns the nameservers and search domains of a
-// resolv.conf. A missing file is no DNS, not an error.
-func ReadResolvConf(path string) (dns []netip.Addr, search []string, err error) {
-	f, err := os.Open(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil, nil
-	}
-	if err != nil {
-		return nil, nil, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 2 || strings.HasPrefix(fields[0], "#") || strings.HasPrefix(fields[0], ";") {
-			continue
-		}
-		switch fields[0] {
-		case "nameserver":
-			if ip, err := netip.ParseAddr(fields[1]); err == nil {
-				dns = append(dns, ip)
-			}
-		case "search":
-			search = append(search[:0], fields[1:]...)
-		}
-	}
-	return dns, search, sc.Err()
 }

@@ -2,10 +2,14 @@ package shim
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
+	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/log"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/configdrive"
@@ -52,13 +56,20 @@ func planConfigDrive(ctx context.Context, h *host, ident vmIdentity, vmDir strin
 	for k, v := range opts.Meta {
 		meta[k] = v
 	}
+	var added []string
 	for k, v := range map[string]string{
 		"pod_name": ident.PodName, "pod_namespace": ident.PodNamespace, "pod_uid": ident.PodUID,
 		"container_name": ident.ContainerName, "namespace": ident.Namespace,
 	} {
 		if _, set := meta[k]; !set && v != "" {
 			meta[k] = v
+			added = append(added, k)
 		}
+	}
+	if len(meta) > configdrive.MaxMetaEntries {
+		slices.Sort(added)
+		return nil, nil, fmt.Errorf("annotation %s: its %d entries and the %d the shim adds (%s) are more than the limit of %d: %w",
+			configdrive.AnnotationMetadata, len(opts.Meta), len(added), strings.Join(added, ", "), configdrive.MaxMetaEntries, errdefs.ErrInvalidArgument)
 	}
 	opts.Meta = meta
 	inst := configdrive.Instance{

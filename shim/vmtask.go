@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -192,8 +194,11 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 			return nil, fmt.Errorf("write task record: %w", err)
 		}
 		spec.Emulator = h.cfg.QEMUWrapper
-		dns, search, err := netfd.ReadResolvConf(resolvConf(r.spec))
-		if err != nil {
+		var dns []netip.Addr
+		var search []string
+		if b, err := os.ReadFile(resolvConf(r.spec)); err == nil {
+			dns, search = configdrive.ParseResolvConf(b)
+		} else if !errors.Is(err, fs.ErrNotExist) { // none is no DNS
 			log.G(ctx).WithError(err).Warn("read the pod's resolv.conf")
 		}
 		if src.Kernel != "" {

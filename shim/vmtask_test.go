@@ -2,6 +2,8 @@ package shim
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +18,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/configdrive"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
 
@@ -329,6 +332,16 @@ func TestReleaseVMLeavesSuccessorsDomain(t *testing.T) {
 	}
 }
 
+// fullMetadata is a metadata annotation with as many entries as allowed.
+func fullMetadata() string {
+	m := map[string]string{}
+	for i := 0; i < configdrive.MaxMetaEntries; i++ {
+		m[fmt.Sprintf("k%d", i)] = "v"
+	}
+	b, _ := json.Marshal(m)
+	return string(b)
+}
+
 func TestCreateVMTaskBadInputLeavesNothing(t *testing.T) {
 	cases := map[string]struct {
 		ann    map[string]string
@@ -338,6 +351,8 @@ func TestCreateVMTaskBadInputLeavesNothing(t *testing.T) {
 		"bad memory":  {ann: map[string]string{AnnotationMemory: "lots"}, rootfs: true, want: AnnotationMemory},
 		"bad vcpus":   {ann: map[string]string{AnnotationVCPUs: "-3"}, rootfs: true, want: AnnotationVCPUs},
 		"no VM image": {want: "/disk/"},
+		// 128 entries are allowed; the "namespace" key the shim adds makes 129.
+		"metadata full": {ann: map[string]string{configdrive.AnnotationMetadata: fullMetadata()}, rootfs: true, want: configdrive.AnnotationMetadata},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
