@@ -58,15 +58,20 @@ func resolvConf(spec *specs.Spec) string {
 
 // setupNetwork takes over the pod's CNI interface for the VM: a TAP in the
 // pod namespace wired to it by tc, and a socket that hands the TAP queues
-// (and vhost-net) to the VM's emulator wrapper. Each step's undo goes on
-// undo as soon as it succeeds.
-func setupNetwork(ctx context.Context, h *host, netns, domain, key string, vcpus int, undo *rollback) (*vmNetwork, netfd.PodNetwork, *netfd.Server, error) {
+// (and vhost-net) to the VM's emulator wrapper. record is given what the
+// next step makes before it is taken, and each step's undo goes on undo
+// as soon as it succeeds.
+func setupNetwork(ctx context.Context, h *host, netns, domain, key string, vcpus int, record func(*vmNetwork) error, undo *rollback) (*vmNetwork, netfd.PodNetwork, *netfd.Server, error) {
 	pn, err := netfd.Inspect(netns)
 	if err != nil {
 		return nil, pn, nil, err
 	}
 	queues := min(vcpus, h.cfg.MaxNetQueues)
 	tap := netfd.TAP{Name: netfd.TAPPrefix + key[:8], Queues: queues, VNetHdr: h.cfg.VNetHdr, MTU: pn.MTU}
+	n := &vmNetwork{Netns: netns, PodIf: pn.Interface, TAP: tap.Name}
+	if err := record(n); err != nil {
+		return nil, pn, nil, err
+	}
 	if err := netfd.CreateTAP(netns, tap); err != nil {
 		return nil, pn, nil, err
 	}
@@ -76,6 +81,10 @@ func setupNetwork(ctx context.Context, h *host, netns, domain, key string, vcpus
 		return nil, pn, nil, err
 	}
 	undo.add(func() { _ = netfd.Unwire(netns, pn.Interface, tap.Name, created) })
+	n.CreatedQdisc = created
+	if err := record(n); err != nil {
+		return nil, pn, nil, err
+	}
 
 	vhost := h.accel == vm.AccelKVM
 	if vhost {
@@ -110,7 +119,7 @@ func setupNetwork(ctx context.Context, h *host, netns, domain, key string, vcpus
 	undo.add(func() { _ = srv.Close() })
 	log.G(ctx).WithField("vm", domain).WithField("tap", tap.Name).WithField("queues", queues).
 		WithField("vnetHdr", tap.VNetHdr).WithField("vhost", vhost).Info("VM network wired to " + pn.Interface)
-	return &vmNetwork{Netns: netns, PodIf: pn.Interface, TAP: tap.Name, CreatedQdisc: created}, pn, srv, nil
+	return n, pn, srv, nil
 }
 
 // teardownNetwork removes what setupNetwork made; all of it may be gone.

@@ -185,14 +185,20 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	var fdServer *netfd.Server
 	var guestNet *configdrive.Network
 	if r.netns != "" {
-		n, pn, srv, err := setupNetwork(ctx, h, r.netns, name, ident.runtimeKey(), set.vcpus, &undo)
+		// Each step is in the record before it is taken: the cleanup
+		// after a shim crash in the middle finds the TAP and the wiring.
+		recordNetwork := func(n *vmNetwork) error {
+			rec.Network = n
+			if err := writeRecord(r.bundle, &rec); err != nil {
+				return fmt.Errorf("write task record: %w", err)
+			}
+			return nil
+		}
+		_, pn, srv, err := setupNetwork(ctx, h, r.netns, name, ident.runtimeKey(), set.vcpus, recordNetwork, &undo)
 		if err != nil {
 			return nil, err
 		}
-		fdServer, rec.Network = srv, n
-		if err := writeRecord(r.bundle, &rec); err != nil {
-			return nil, fmt.Errorf("write task record: %w", err)
-		}
+		fdServer = srv
 		spec.Emulator = h.cfg.QEMUWrapper
 		var dns []netip.Addr
 		var search []string
