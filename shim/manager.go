@@ -171,14 +171,39 @@ func (Manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 		}
 		return status, removeRecord(bundle)
 	case kindVM:
-		conn, err := vm.Connect(ctx, rec.LibvirtSocket)
+		conn, err := connectForCleanup(ctx, rec.LibvirtSocket)
 		if err != nil {
 			// Keep the record: the domain is still defined and a later
-			// cleanup with libvirt back can finish the job.
+			// cleanup with libvirt back can finish the job. Nothing else
+			// is undone meanwhile: the VM may still run on its network,
+			// mounts and NUMA reservation.
 			return status, fmt.Errorf("clean up VM %s: %w", rec.Domain, err)
 		}
 		defer conn.Close()
 		return status, releaseVM(ctx, conn, rec, bundle)
 	}
 	return status, fmt.Errorf("task record of %s has unknown kind %q", id, rec.Kind)
+}
+
+// cleanupConnectBudget bounds how long the cleanup waits for libvirtd:
+// containerd runs it once after a shim died (with a 5 s timeout) and again
+// only when it restarts, and a libvirtd that restarts is back within it.
+const cleanupConnectBudget = 3 * time.Second
+
+// connectForCleanup connects to libvirtd, trying again while it is away
+// (restarting) until the budget or ctx ends.
+func connectForCleanup(ctx context.Context, socket string) (*vm.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, cleanupConnectBudget)
+	defer cancel()
+	for {
+		conn, err := vm.Connect(ctx, socket)
+		if err == nil {
+			return conn, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }

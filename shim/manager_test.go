@@ -1,8 +1,14 @@
 package shim
 
 import (
+	"context"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
+	"time"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
 
 func TestServeEnv(t *testing.T) {
@@ -17,5 +23,31 @@ func TestServeEnv(t *testing.T) {
 		if got := serveEnv(tc.in); !slices.Equal(got, tc.want) {
 			t.Errorf("serveEnv(%q) = %q, want %q", tc.in, got, tc.want)
 		}
+	}
+}
+
+// The cleanup after a shim crash waits for a libvirtd that is restarting
+// (its socket missing for a moment) instead of giving up at once.
+func TestConnectForCleanupWaitsForLibvirtd(t *testing.T) {
+	if _, err := os.Stat(vm.DefaultSocket); err != nil || os.Geteuid() != 0 {
+		t.Skip("needs root and a running libvirtd (hack/setup-host.sh starts it)")
+	}
+	sock := filepath.Join(t.TempDir(), "libvirt-sock")
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		_ = os.Symlink(vm.DefaultSocket, sock) // libvirtd is back
+	}()
+	conn, err := connectForCleanup(context.Background(), sock)
+	if err != nil {
+		t.Fatalf("libvirtd back after 0.5 s: %v", err)
+	}
+	conn.Close()
+
+	start := time.Now()
+	if _, err := connectForCleanup(context.Background(), filepath.Join(t.TempDir(), "none")); err == nil {
+		t.Fatal("connected to a socket that does not exist")
+	}
+	if took := time.Since(start); took > cleanupConnectBudget+2*time.Second {
+		t.Errorf("gave up after %v, budget %v", took, cleanupConnectBudget)
 	}
 }
