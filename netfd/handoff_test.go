@@ -115,47 +115,36 @@ func TestHandoff(t *testing.T) {
 	}
 }
 
+// Only the process libvirt started for the domain gets its descriptors:
+// not one whose pid differs from the domain's pid file, and none while
+// there is no pid file (before the start, or after the VM stopped while
+// the socket still serves), although any process may name the domain on
+// its command line.
 func TestHandoffChecksLibvirtPid(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to chown the socket")
 	}
-	pidDir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(pidDir, "dom1.pid"), []byte("1\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(t.TempDir(), "netfd")
-	s, err := Serve(context.Background(), dir, "dom1", 0, 0, pidDir, func() (Grant, []*os.File, []*os.File, error) {
-		t.Error("descriptors provided to a process libvirt did not start")
-		return Grant{}, nil, nil, fmt.Errorf("no")
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if got := runFetchChild(t, SocketPath(dir, "dom1"), "guest=dom1", ""); !strings.HasPrefix(got, "FETCH-ERROR") {
-		t.Errorf("got %s", got)
-	}
-}
-
-// With no pid file no QEMU of the domain runs (before the start, or after
-// the VM stopped, while the socket still serves): a process of the QEMU
-// user that names the domain on its command line, as any process may,
-// gets nothing.
-func TestHandoffNeedsLibvirtPid(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to chown the socket")
-	}
-	dir := filepath.Join(t.TempDir(), "netfd")
-	s, err := Serve(context.Background(), dir, "dom1", 0, 0, t.TempDir(), func() (Grant, []*os.File, []*os.File, error) {
-		t.Error("descriptors provided with no QEMU running")
-		return Grant{}, nil, nil, fmt.Errorf("no")
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if got := runFetchChild(t, SocketPath(dir, "dom1"), "guest=dom1", ""); !strings.HasPrefix(got, "FETCH-ERROR") {
-		t.Errorf("got %s", got)
+	for name, pidFile := range map[string]string{"another pid": "1\n", "no pid file": ""} {
+		t.Run(name, func(t *testing.T) {
+			pidDir := t.TempDir()
+			if pidFile != "" {
+				if err := os.WriteFile(filepath.Join(pidDir, "dom1.pid"), []byte(pidFile), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			dir := filepath.Join(t.TempDir(), "netfd")
+			s, err := Serve(context.Background(), dir, "dom1", 0, 0, pidDir, func() (Grant, []*os.File, []*os.File, error) {
+				t.Error("descriptors provided to a process libvirt did not start")
+				return Grant{}, nil, nil, fmt.Errorf("no")
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			if got := runFetchChild(t, SocketPath(dir, "dom1"), "guest=dom1", ""); !strings.HasPrefix(got, "FETCH-ERROR") {
+				t.Errorf("got %s", got)
+			}
+		})
 	}
 }
 

@@ -99,12 +99,18 @@ func (f *vmFixture) create(ann map[string]string) (*vmTask, error) {
 	return vt, err
 }
 
-func (f *vmFixture) started() *vmTask {
+// created is a direct-boot VM task, created and not started.
+func (f *vmFixture) created() *vmTask {
 	f.kernelRootfs()
 	vt, err := f.create(nil)
 	if err != nil {
 		f.t.Fatal(err)
 	}
+	return vt
+}
+
+func (f *vmFixture) started() *vmTask {
+	vt := f.created()
 	if _, err := vt.start(context.Background()); err != nil {
 		f.t.Fatal(err)
 	}
@@ -177,11 +183,7 @@ func TestVMTaskExitStatus(t *testing.T) {
 // before it sees it exit.
 func TestVMTaskStartPublishedBeforeImmediateExit(t *testing.T) {
 	f := newVMFixture(t)
-	f.kernelRootfs()
-	vt, err := f.create(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	vt := f.created()
 	noticed := make(chan struct{})
 	f.fake.resumed = func(name string) {
 		f.fake.stop(name, vm.StopShutdown)
@@ -254,11 +256,7 @@ func TestVMTaskKillRejectsOtherSignals(t *testing.T) {
 
 func TestVMTaskKillBeforeStart(t *testing.T) {
 	f := newVMFixture(t)
-	f.kernelRootfs()
-	vt, err := f.create(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	vt := f.created()
 	if err := vt.kill(context.Background(), uint32(unix.SIGKILL)); err != nil {
 		t.Fatal(err)
 	}
