@@ -52,11 +52,10 @@ func checkStdio(io stdio) error {
 // openStdio opens the task's stdin and stdout. Opening the stdout FIFO
 // never blocks (the shim holds a read end of its own); stdin's open waits
 // in the background for containerd's writer.
-func openStdio(ctx context.Context, io stdio) (in io.ReadCloser, out io.WriteCloser, retErr error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if io.Stdout != "" {
-		u, _ := url.Parse(io.Stdout)
+func openStdio(ctx context.Context, sio stdio) (io.ReadCloser, io.WriteCloser, error) {
+	var out io.WriteCloser
+	if sio.Stdout != "" {
+		u, _ := url.Parse(sio.Stdout)
 		var err error
 		if u.Scheme == "file" {
 			out, err = os.OpenFile(u.Path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
@@ -64,21 +63,20 @@ func openStdio(ctx context.Context, io stdio) (in io.ReadCloser, out io.WriteClo
 			out, err = openStdoutFIFO(u.Path)
 		}
 		if err != nil {
-			return nil, nil, fmt.Errorf("open stdout %s: %w", io.Stdout, err)
+			return nil, nil, fmt.Errorf("open stdout %s: %w", sio.Stdout, err)
 		}
-		defer func() {
-			if retErr != nil {
-				out.Close()
-			}
-		}()
 	}
-	if io.Stdin != "" {
+	var in io.ReadCloser
+	if sio.Stdin != "" {
 		var err error
 		// Opened in the background until containerd's writer shows up: the
 		// context must outlive this call, or the open is abandoned.
-		in, err = fifo.OpenFifo(context.WithoutCancel(ctx), io.Stdin, syscall.O_RDONLY|syscall.O_NONBLOCK, 0)
+		in, err = fifo.OpenFifo(context.WithoutCancel(ctx), sio.Stdin, syscall.O_RDONLY|syscall.O_NONBLOCK, 0)
 		if err != nil {
-			return nil, nil, fmt.Errorf("open stdin %s: %w", io.Stdin, err)
+			if out != nil {
+				out.Close()
+			}
+			return nil, nil, fmt.Errorf("open stdin %s: %w", sio.Stdin, err)
 		}
 	}
 	return in, out, nil

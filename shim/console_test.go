@@ -2,6 +2,7 @@ package shim
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -76,4 +77,31 @@ func TestStdoutFIFOSurvivesReaderRestart(t *testing.T) {
 	if !strings.Contains(got.String(), "after") {
 		t.Errorf("the new reader never got the output written after its return (%d bytes read)", got.Len())
 	}
+}
+
+// A stdin that cannot be opened after stdout was: an error, and the
+// stdout FIFO closed again.
+func TestOpenStdioClosesStdoutOnStdinError(t *testing.T) {
+	dir := t.TempDir()
+	stdout := filepath.Join(dir, "stdout")
+	if err := syscall.Mkfifo(stdout, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before := countFDs(t)
+	in, out, err := openStdio(context.Background(), stdio{Stdout: stdout, Stdin: filepath.Join(dir, "missing")})
+	if err == nil || !strings.Contains(err.Error(), "open stdin") || in != nil || out != nil {
+		t.Fatalf("got %v, %v, %v; want an error about stdin", in, out, err)
+	}
+	if after := countFDs(t); after > before { // others may close meanwhile, none opens
+		t.Errorf("%d descriptors open before, %d after", before, after)
+	}
+}
+
+func countFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
 }
