@@ -33,6 +33,8 @@ type vmTask struct {
 	rec      taskRecord
 	console  *console      // guarded by mu
 	fdServer *netfd.Server // hands the VM's network descriptors to its QEMU; nil without network
+
+	powerOffOnResume bool // guarded by mu: a SIGTERM came while paused
 }
 
 // createRequest is the part of a task create the VM needs.
@@ -479,17 +481,18 @@ func (t *vmTask) kill(ctx context.Context, sig uint32) error {
 		return nil
 	}
 	err := t.checkRunningLocked("kill")
-	paused := t.status == task.Status_PAUSED
+	if s := unix.Signal(sig); err == nil && t.status == task.Status_PAUSED && (s == unix.SIGTERM || s == unix.SIGINT || s == unix.SIGPWR) {
+		// A paused guest cannot answer the power button (libvirt refuses
+		// to press it). As a signal to a frozen container waits for the
+		// thaw, the press waits for Resume; a stop goes on to SIGKILL.
+		t.powerOffOnResume = true
+		t.mu.Unlock()
+		log.G(ctx).WithField("vm", t.rec.Domain).Info("VM is paused: its power button is pressed when it resumes")
+		return nil
+	}
 	t.mu.Unlock()
 	if err != nil {
 		return err
-	}
-	switch unix.Signal(sig) {
-	case unix.SIGTERM, unix.SIGINT, unix.SIGPWR:
-		if paused {
-			return fmt.Errorf("kill %s: the VM is paused and cannot answer the ACPI power button that signal %d presses: resume it first, or send SIGKILL: %w",
-				t.id, sig, errdefs.ErrFailedPrecondition)
-		}
 	}
 	switch unix.Signal(sig) {
 	case unix.SIGKILL:
@@ -532,6 +535,12 @@ func (t *vmTask) resume(ctx context.Context) error {
 		return err
 	}
 	t.status = task.Status_RUNNING
+	if t.powerOffOnResume {
+		t.powerOffOnResume = false
+		if err := t.h.conn.Shutdown(t.rec.Domain); err != nil {
+			log.G(ctx).WithError(err).WithField("vm", t.rec.Domain).Warn("press the power button held while paused")
+		}
+	}
 	return nil
 }
 

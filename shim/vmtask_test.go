@@ -224,8 +224,9 @@ func TestVMTaskExitQueuedBeforeWaitReturns(t *testing.T) {
 	}
 }
 
-// SIGTERM presses the power button, which a paused guest cannot answer:
-// the caller learns that, and the VM stays as it is.
+// SIGTERM presses the power button, which a paused guest cannot answer
+// (libvirt refuses): as a signal to a frozen container, the press waits
+// for the resume. SIGKILL still destroys a paused VM at once.
 func TestVMTaskKillPaused(t *testing.T) {
 	f := newVMFixture(t)
 	vt := f.started()
@@ -233,12 +234,25 @@ func TestVMTaskKillPaused(t *testing.T) {
 	if err := vt.pause(ctx); err != nil {
 		t.Fatal(err)
 	}
-	err := vt.kill(ctx, uint32(unix.SIGTERM))
-	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "paused") {
-		t.Errorf("SIGTERM while paused: %v, want FailedPrecondition naming the pause", err)
+	if err := vt.kill(ctx, uint32(unix.SIGTERM)); err != nil {
+		t.Errorf("SIGTERM while paused: %v", err)
+	}
+	calls := f.fake.called()
+	if last := calls[len(calls)-1]; last != "suspend "+vt.rec.Domain {
+		t.Errorf("SIGTERM while paused called %q", last)
 	}
 	if status, _, _, _ := vt.snapshot(); status != task.Status_PAUSED {
 		t.Errorf("after SIGTERM: %s, want PAUSED", status)
+	}
+	if err := vt.resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	calls = f.fake.called()
+	if got := strings.Join(calls[len(calls)-2:], ", "); got != "resume "+vt.rec.Domain+", shutdown "+vt.rec.Domain {
+		t.Errorf("resume made calls %q, want the resume, then the power button", got)
+	}
+	if err := vt.pause(ctx); err != nil {
+		t.Fatal(err)
 	}
 	if err := vt.kill(ctx, uint32(unix.SIGKILL)); err != nil {
 		t.Errorf("SIGKILL while paused: %v", err)
