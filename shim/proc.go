@@ -57,16 +57,28 @@ func (p *proc) setRunningLocked(pid int) {
 // setExitedLocked records the exit once and queues TaskExit before it
 // releases the waiters; it reports false if the task had already exited.
 func (p *proc) setExitedLocked(status uint32) bool {
+	return p.endLocked(status, true)
+}
+
+// setDeletedLocked ends a task that is deleted. One that never started
+// gets no TaskExit, as with runc: nothing ran, nothing exited.
+func (p *proc) setDeletedLocked() {
+	p.endLocked(p.exitStatus, false)
+}
+
+func (p *proc) endLocked(status uint32, publish bool) bool {
 	if p.status == task.Status_STOPPED {
 		return false
 	}
 	p.status = task.Status_STOPPED
 	p.exitStatus = status
 	p.exitedAt = time.Now()
-	p.publish(&eventstypes.TaskExit{
-		ContainerID: p.id, ID: p.id, Pid: uint32(p.pid),
-		ExitStatus: status, ExitedAt: protobuf.ToTimestamp(p.exitedAt),
-	})
+	if publish {
+		p.publish(&eventstypes.TaskExit{
+			ContainerID: p.id, ID: p.id, Pid: uint32(p.pid),
+			ExitStatus: status, ExitedAt: protobuf.ToTimestamp(p.exitedAt),
+		})
+	}
 	close(p.exited)
 	return true
 }

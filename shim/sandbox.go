@@ -109,7 +109,7 @@ func (t *sandboxTask) delete(ctx context.Context, podBusy bool) error {
 		t.mu.Unlock()
 		return fmt.Errorf("delete %s: task is running; kill it first: %w", t.id, errdefs.ErrFailedPrecondition)
 	}
-	t.setExitedLocked(t.exitStatus)
+	t.setDeletedLocked()
 	t.mu.Unlock()
 	if err := releaseSandbox(ctx, t.layout, &t.rec, !podBusy); err != nil {
 		return err

@@ -562,7 +562,7 @@ func (t *vmTask) delete(ctx context.Context) error {
 		t.mu.Unlock()
 		return fmt.Errorf("delete %s: task is %s; kill it first: %w", t.id, t.status, errdefs.ErrFailedPrecondition)
 	}
-	t.setExitedLocked(t.exitStatus)
+	t.setDeletedLocked()
 	c, srv := t.console, t.fdServer
 	t.console, t.fdServer = nil, nil
 	t.mu.Unlock()

@@ -309,6 +309,20 @@ func TestVMTaskPauseResume(t *testing.T) {
 	}
 }
 
+// A task deleted before it started ran nothing: no TaskExit, but a Wait
+// returns.
+func TestVMTaskDeleteUnstarted(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.created()
+	if err := vt.delete(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if exits := f.events.exits(); len(exits) != 0 {
+		t.Errorf("TaskExit for a task that never started: %v", exits)
+	}
+	waitExit(t, vt)
+}
+
 func TestVMTaskDeleteLeavesNothing(t *testing.T) {
 	f := newVMFixture(t)
 	vt := f.started()
