@@ -158,12 +158,14 @@ func imageFormat(p, name string) (string, error) {
 // the overlay, so that a restarted container's disk is only re-pointed at
 // the very file it was made on.
 //
-// That file is known by its inode, size and mtime, not by its content: a
-// checksum would read the whole image at every start. With containerd's
-// overlayfs snapshotter (the default) a file of an image layer keeps its
-// inode in every container made from that layer, across reboots too. So a
-// restarted container of the same image matches, and an image whose layer
-// changed (a tag pushed anew, even with the same size) does not. The price:
+// That file is known by its inode, size, mtime and ctime, not by its
+// content: a checksum would read the whole image at every start. With
+// containerd's overlayfs snapshotter (the default) a file of an image
+// layer keeps its inode in every container made from that layer, across
+// reboots too, and its ctime is when the layer was unpacked (setting the
+// mtime from the tar sets it; nothing changes it later). So a restarted
+// container of the same image matches, and a file unpacked anew does not,
+// even with a reused inode number and the same size and mtime. The price:
 // an image unpacked again after garbage collection, or a snapshotter that
 // copies files per container (native), does not match either.
 type OverlayOrigin struct {
@@ -177,9 +179,10 @@ type OverlayOrigin struct {
 // FileID tells one file of a snapshot from another; the device is left
 // out, since every overlay mount has its own.
 type FileID struct {
-	Inode   uint64 `json:"inode"`
-	Size    int64  `json:"size"`
-	ModTime int64  `json:"mtimeNs"`
+	Inode      uint64 `json:"inode"`
+	Size       int64  `json:"size"`
+	ModTime    int64  `json:"mtimeNs"`
+	ChangeTime int64  `json:"ctimeNs"`
 }
 
 // IdentifyFile returns the FileID of the open file f.
@@ -188,7 +191,7 @@ func IdentifyFile(f *os.File) (FileID, error) {
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 		return FileID{}, fmt.Errorf("stat %s: %w", f.Name(), err)
 	}
-	return FileID{Inode: st.Ino, Size: st.Size, ModTime: st.Mtim.Nano()}, nil
+	return FileID{Inode: st.Ino, Size: st.Size, ModTime: st.Mtim.Nano(), ChangeTime: st.Ctim.Nano()}, nil
 }
 
 func (o OverlayOrigin) sameFile(p OverlayOrigin) bool {
@@ -242,14 +245,24 @@ func EnsureOverlay(ctx context.Context, qemuImg, base string, origin OverlayOrig
 	return false, nil
 }
 
+// createOverlay makes the overlay under a temporary name and renames it
+// into place after its origin is written: a crash in between never leaves
+// an overlay that a restart would refuse for want of its origin.
 func createOverlay(ctx context.Context, qemuImg, base string, origin OverlayOrigin, overlay string) error {
-	if _, err := runTool(ctx, qemuImg, "create", "-q", "-f", "qcow2", "-F", origin.Format, "-b", base, overlay); err != nil {
-		_ = os.Remove(overlay)
+	tmp := overlay + ".tmp"
+	_ = os.Remove(tmp) // left by a crash
+	if _, err := runTool(ctx, qemuImg, "create", "-q", "-f", "qcow2", "-F", origin.Format, "-b", base, tmp); err != nil {
+		_ = os.Remove(tmp)
 		return fmt.Errorf("create overlay %s: %w", overlay, err)
 	}
 	if err := writeOrigin(origin, overlay); err != nil {
-		_ = os.Remove(overlay)
+		_ = os.Remove(tmp)
 		return err
+	}
+	if err := os.Rename(tmp, overlay); err != nil {
+		_ = os.Remove(tmp)
+		_ = os.Remove(originPath(overlay))
+		return fmt.Errorf("create overlay %s: %w", overlay, err)
 	}
 	return nil
 }
@@ -267,7 +280,9 @@ func writeOrigin(origin OverlayOrigin, overlay string) error {
 }
 
 // OverlayFiles lists the files of the overlay at overlay.
-func OverlayFiles(overlay string) []string { return []string{overlay, originPath(overlay)} }
+func OverlayFiles(overlay string) []string {
+	return []string{overlay, originPath(overlay), overlay + ".tmp"}
+}
 
 // CopyFile copies the open file f to a new file dst readable by QEMU. Used
 // for kernels and initrds that QEMU's user may not read where they are, so

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 )
@@ -117,8 +118,9 @@ func TestEnsureOverlayKeepsDiskAcrossBasePaths(t *testing.T) {
 	image := filepath.Join(dir, "image.qcow2")
 	qemuImg(t, "create", "-q", "-f", "qcow2", image, "4M")
 	// mountAt stands in for the read-only bind mount of the image file
-	// (same inode) into a container's runtime dir; copy for an image
-	// whose layer was unpacked anew.
+	// into a container's runtime dir: a symlink, the same file and, unlike
+	// a hard link, the same ctime. copy is an image whose layer was
+	// unpacked anew.
 	mountAt := func(name string, copy bool) (string, OverlayOrigin) {
 		p := filepath.Join(dir, name, "base.qcow2")
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
@@ -126,7 +128,7 @@ func TestEnsureOverlayKeepsDiskAcrossBasePaths(t *testing.T) {
 		}
 		if copy {
 			qemuImg(t, "convert", "-O", "qcow2", image, p)
-		} else if err := os.Link(image, p); err != nil {
+		} else if err := os.Symlink(image, p); err != nil {
 			t.Fatal(err)
 		}
 		f, err := os.Open(p)
@@ -177,7 +179,14 @@ func TestEnsureOverlayKeepsDiskAcrossBasePaths(t *testing.T) {
 	_, unpacked := mountAt("vm-3", true)
 	grown := again
 	grown.VirtualSize = 8 << 20
-	for i, other := range []OverlayOrigin{unpacked, grown} {
+	// Same inode, size and mtime, but the file's ctime moved on (here by
+	// a chmod; in life, a layer unpacked anew into a reused inode).
+	time.Sleep(10 * time.Millisecond)
+	if err := os.Chmod(image, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	_, touched := mountAt("vm-4", false)
+	for i, other := range []OverlayOrigin{unpacked, grown, touched} {
 		_, err := EnsureOverlay(ctx, tool, filepath.Join(dir, fmt.Sprint("other-", i)), other, overlay)
 		if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "recreate the pod") {
 			t.Errorf("container now on %s: %v, want FailedPrecondition", other, err)
