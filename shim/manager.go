@@ -186,19 +186,42 @@ func (Manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 }
 
 // cleanupConnectBudget bounds how long the cleanup waits for libvirtd:
-// containerd runs it once after a shim died (with a 5 s timeout) and again
-// only when it restarts, and a libvirtd that restarts is back within it.
-const cleanupConnectBudget = 3 * time.Second
+// containerd runs it once after a shim died, with a 5 s timeout for all of
+// it, and again only when it restarts. A libvirtd that restarts is back
+// within it, and the rest of the 5 s is left for the release.
+const cleanupConnectBudget = 2 * time.Second
 
 // connectForCleanup connects to libvirtd, trying again while it is away
-// (restarting) until the budget or ctx ends.
+// (restarting) until the budget or ctx ends. An attempt that hangs (a
+// libvirtd that accepts but does not answer) is abandoned at the budget:
+// this process exits soon after.
 func connectForCleanup(ctx context.Context, socket string) (*vm.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, cleanupConnectBudget)
 	defer cancel()
 	for {
-		conn, err := vm.Connect(ctx, socket)
-		if err == nil {
-			return conn, nil
+		type result struct {
+			conn *vm.Conn
+			err  error
+		}
+		done := make(chan result, 1)
+		go func() {
+			conn, err := vm.Connect(ctx, socket)
+			done <- result{conn, err}
+		}()
+		var err error
+		select {
+		case r := <-done:
+			if r.err == nil {
+				return r.conn, nil
+			}
+			err = r.err
+		case <-ctx.Done():
+			go func() { // a connection made too late is closed
+				if r := <-done; r.conn != nil {
+					r.conn.Close()
+				}
+			}()
+			return nil, fmt.Errorf("connect to libvirtd at %s: %w", socket, ctx.Err())
 		}
 		select {
 		case <-ctx.Done():
