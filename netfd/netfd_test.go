@@ -351,8 +351,12 @@ func TestWireReplacesStaleRedirect(t *testing.T) {
 	if err := CreateTAP(path, next); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Wire(path, "eth0", next.Name); err != nil {
+	nextCreated, err := Wire(path, "eth0", next.Name)
+	if err != nil {
 		t.Fatalf("next VM: %v", err)
+	}
+	if !nextCreated {
+		t.Error("the next VM did not take over the dead one's qdisc")
 	}
 	if err := Unwire(path, "eth0", old.Name, oldCreated); err != nil {
 		t.Fatal(err)
@@ -360,4 +364,18 @@ func TestWireReplacesStaleRedirect(t *testing.T) {
 	if got := podRedirectTargets(t, path); len(got) != 1 || got[0] != next.Name {
 		t.Errorf("eth0 redirects to %v, want [%s]", got, next.Name)
 	}
+	// When the next VM goes, eth0 is as CNI made it.
+	if err := Unwire(path, "eth0", next.Name, nextCreated); err != nil {
+		t.Fatal(err)
+	}
+	_ = inNetns(path, func(h *netlink.Handle) error {
+		l, _ := h.LinkByName("eth0")
+		qs, _ := h.QdiscList(l)
+		for _, q := range qs {
+			if q.Type() == "ingress" {
+				t.Error("ingress qdisc left on eth0")
+			}
+		}
+		return nil
+	})
 }

@@ -46,17 +46,26 @@ func Wire(netnsPath, podIf, tap string) (createdQdisc bool, err error) {
 		if err != nil {
 			return err
 		}
+		removedStale := false
 		for _, r := range redirects {
 			other, err := h.LinkByIndex(r.target)
 			if err != nil {
 				if err := h.FilterDel(r.filter); err != nil && !errors.Is(err, unix.ENOENT) {
 					return fmt.Errorf("remove the redirect of %s to a TAP that is gone: %w", podIf, err)
 				}
+				removedStale = true
 				continue
 			}
 			if r.target != t.Attrs().Index {
 				return fmt.Errorf("%s already carries the network of another VM (to %s): a pod's network serves one VM: %w",
 					podIf, other.Attrs().Name, errdefs.ErrFailedPrecondition)
+			}
+		}
+		if removedStale && !createdQdisc {
+			// A qdisc that carried only a dead VM's redirect was that
+			// VM's: this one removes it when it goes.
+			if rest, err := h.FilterList(pod, netlink.HANDLE_MIN_INGRESS); err == nil && len(rest) == 0 {
+				createdQdisc = true
 			}
 		}
 		if _, err := ensureIngress(h, t); err != nil {
