@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -182,18 +183,12 @@ func TestTAPLifecycle(t *testing.T) {
 		if _, err := h.LinkByName(tap.Name); err == nil {
 			t.Error("TAP still there")
 		}
-		l, _ := h.LinkByName("eth0")
-		qs, _ := h.QdiscList(l)
-		for _, q := range qs {
-			if q.Type() == "ingress" {
-				t.Error("ingress qdisc left on eth0")
-			}
-		}
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	assertNoIngress(t, path)
 	// Teardown twice, and of a gone namespace, is fine.
 	if err := DeleteTAP(path, tap.Name); err != nil {
 		t.Error(err)
@@ -314,18 +309,35 @@ func TestWireOneVMPerPod(t *testing.T) {
 	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), first.Name) || createdAgain {
 		t.Errorf("second VM: created %v, %v; want FailedPrecondition naming %s", createdAgain, err, first.Name)
 	}
-	if err := Unwire(path, "eth0", second.Name, createdAgain); err != nil {
+	unwireLeaves(t, path, second.Name, createdAgain, first.Name)
+	unwireLeaves(t, path, first.Name, created)
+	assertNoIngress(t, path)
+}
+
+// unwireLeaves unwires tap from eth0 and checks which redirects are left.
+func unwireLeaves(t *testing.T, path, tap string, created bool, want ...string) {
+	t.Helper()
+	if err := Unwire(path, "eth0", tap, created); err != nil {
 		t.Fatal(err)
 	}
-	if got := podRedirectTargets(t, path); len(got) != 1 || got[0] != first.Name {
-		t.Errorf("after the second VM's teardown eth0 redirects to %v, want [%s]", got, first.Name)
+	if got := podRedirectTargets(t, path); !slices.Equal(got, want) {
+		t.Errorf("after unwiring %s eth0 redirects to %v, want %v", tap, got, want)
 	}
-	if err := Unwire(path, "eth0", first.Name, created); err != nil {
-		t.Fatal(err)
-	}
-	if got := podRedirectTargets(t, path); len(got) != 0 {
-		t.Errorf("after the first VM's teardown eth0 redirects to %v", got)
-	}
+}
+
+// assertNoIngress checks that eth0 is as CNI made it: no ingress qdisc.
+func assertNoIngress(t *testing.T, path string) {
+	t.Helper()
+	_ = inNetns(path, func(h *netlink.Handle) error {
+		l, _ := h.LinkByName("eth0")
+		qs, _ := h.QdiscList(l)
+		for _, q := range qs {
+			if q.Type() == "ingress" {
+				t.Error("ingress qdisc left on eth0")
+			}
+		}
+		return nil
+	})
 }
 
 // A shim that died left its redirect to a TAP that is gone: the next VM
@@ -358,24 +370,8 @@ func TestWireReplacesStaleRedirect(t *testing.T) {
 	if !nextCreated {
 		t.Error("the next VM did not take over the dead one's qdisc")
 	}
-	if err := Unwire(path, "eth0", old.Name, oldCreated); err != nil {
-		t.Fatal(err)
-	}
-	if got := podRedirectTargets(t, path); len(got) != 1 || got[0] != next.Name {
-		t.Errorf("eth0 redirects to %v, want [%s]", got, next.Name)
-	}
+	unwireLeaves(t, path, old.Name, oldCreated, next.Name)
 	// When the next VM goes, eth0 is as CNI made it.
-	if err := Unwire(path, "eth0", next.Name, nextCreated); err != nil {
-		t.Fatal(err)
-	}
-	_ = inNetns(path, func(h *netlink.Handle) error {
-		l, _ := h.LinkByName("eth0")
-		qs, _ := h.QdiscList(l)
-		for _, q := range qs {
-			if q.Type() == "ingress" {
-				t.Error("ingress qdisc left on eth0")
-			}
-		}
-		return nil
-	})
+	unwireLeaves(t, path, next.Name, nextCreated)
+	assertNoIngress(t, path)
 }
