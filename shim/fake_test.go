@@ -19,6 +19,7 @@ type fakeDomains struct {
 	calls    []string
 	startErr error
 	resumed  func(name string) // called after a Resume, without mu
+	shutdown func(name string) // called as a Shutdown begins, without mu
 }
 
 type fakeDomain struct {
@@ -148,8 +149,11 @@ func (f *fakeDomains) Suspend(name string) error {
 }
 
 func (f *fakeDomains) Shutdown(name string) error {
+	if f.shutdown != nil {
+		f.shutdown(name)
+	}
 	return f.simple("shutdown", name, func(d *fakeDomain) error {
-		if !d.running {
+		if !d.running || d.paused { // libvirt: "domain is not running"
 			return notRunning(name)
 		}
 		return nil

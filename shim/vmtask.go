@@ -508,8 +508,32 @@ func (t *vmTask) kill(ctx context.Context, sig uint32) error {
 		if status, _, _, _ := t.snapshot(); status == task.Status_STOPPED {
 			return fmt.Errorf("kill %s: process already finished: %w", t.id, errdefs.ErrNotFound)
 		}
+		if s := unix.Signal(sig); s != unix.SIGKILL && t.holdPowerButton(ctx) {
+			return nil
+		}
 	}
 	return err
+}
+
+// holdPowerButton handles a power button that libvirt refused because the
+// VM is paused: by a Pause that came after kill's check (the press waits
+// for Resume), or by QEMU itself, say on a disk I/O error (nothing to
+// wait for; the caller goes on to SIGKILL, as after an ignored SIGTERM).
+// It reports whether the VM is paused.
+func (t *vmTask) holdPowerButton(ctx context.Context) bool {
+	t.mu.Lock()
+	if t.status == task.Status_PAUSED {
+		t.powerOffOnResume = true
+		t.mu.Unlock()
+		log.G(ctx).WithField("vm", t.rec.Domain).Info("VM is paused: its power button is pressed when it resumes")
+		return true
+	}
+	t.mu.Unlock()
+	if st, err := t.h.conn.State(t.rec.Domain); err == nil && st.Paused {
+		log.G(ctx).WithField("vm", t.rec.Domain).Warn("VM was paused by QEMU (not by the shim) and cannot answer the power button")
+		return true
+	}
+	return false
 }
 
 func (t *vmTask) pause(ctx context.Context) error {

@@ -259,6 +259,48 @@ func TestVMTaskKillPaused(t *testing.T) {
 	}
 }
 
+// A Pause between kill's check and the power button: the press waits for
+// the resume, as when the VM was paused before.
+func TestVMTaskKillRacingPause(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.started()
+	ctx := context.Background()
+	f.fake.shutdown = func(string) {
+		f.fake.shutdown = nil
+		if err := vt.pause(ctx); err != nil {
+			t.Error(err)
+		}
+	}
+	if err := vt.kill(ctx, uint32(unix.SIGTERM)); err != nil {
+		t.Fatalf("SIGTERM racing a pause: %v", err)
+	}
+	if err := vt.resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	calls := f.fake.called()
+	if last := calls[len(calls)-1]; last != "shutdown "+vt.rec.Domain {
+		t.Errorf("resume did not press the held power button: %v", calls)
+	}
+}
+
+// QEMU paused the guest by itself (a disk I/O error with the default
+// error policy): SIGTERM cannot reach it, and the caller must go on to
+// SIGKILL instead of failing the stop.
+func TestVMTaskKillPausedByQEMU(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.started()
+	ctx := context.Background()
+	f.fake.mu.Lock()
+	f.fake.doms[vt.rec.Domain].paused = true
+	f.fake.mu.Unlock()
+	if err := vt.kill(ctx, uint32(unix.SIGTERM)); err != nil {
+		t.Errorf("SIGTERM to a VM QEMU paused: %v", err)
+	}
+	if err := vt.kill(ctx, uint32(unix.SIGKILL)); err != nil {
+		t.Errorf("SIGKILL: %v", err)
+	}
+}
+
 func TestVMTaskKillRejectsOtherSignals(t *testing.T) {
 	f := newVMFixture(t)
 	vt := f.started()
