@@ -246,8 +246,9 @@ func EnsureOverlay(ctx context.Context, qemuImg, base string, origin OverlayOrig
 }
 
 // createOverlay makes the overlay under a temporary name and renames it
-// into place after its origin is written: a crash in between never leaves
-// an overlay that a restart would refuse for want of its origin.
+// into place after its origin is written, each synced first: a crash or a
+// power loss in between never leaves an overlay that a restart would
+// refuse for want of its origin.
 func createOverlay(ctx context.Context, qemuImg, base string, origin OverlayOrigin, overlay string) error {
 	tmp := overlay + ".tmp"
 	_ = os.Remove(tmp) // left by a crash
@@ -255,33 +256,61 @@ func createOverlay(ctx context.Context, qemuImg, base string, origin OverlayOrig
 		_ = os.Remove(tmp)
 		return fmt.Errorf("create overlay %s: %w", overlay, err)
 	}
-	if err := writeOrigin(origin, overlay); err != nil {
-		_ = os.Remove(tmp)
-		return err
+	err := syncFile(tmp)
+	if err == nil {
+		err = writeOrigin(origin, overlay)
 	}
-	if err := os.Rename(tmp, overlay); err != nil {
+	if err == nil {
+		err = os.Rename(tmp, overlay)
+	}
+	if err == nil {
+		err = syncFile(filepath.Dir(overlay))
+	}
+	if err != nil {
 		_ = os.Remove(tmp)
+		_ = os.Remove(overlay)
 		_ = os.Remove(originPath(overlay))
 		return fmt.Errorf("create overlay %s: %w", overlay, err)
 	}
 	return nil
 }
 
+// writeOrigin writes the origin file durably: a temporary file, synced,
+// renamed into place.
 func writeOrigin(origin OverlayOrigin, overlay string) error {
 	b, err := json.Marshal(origin)
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(originPath(overlay), b, 0o600); err != nil {
-		_ = os.Remove(originPath(overlay))
+	p := originPath(overlay)
+	tmp := p + ".tmp"
+	err = os.WriteFile(tmp, b, 0o600)
+	if err == nil {
+		err = syncFile(tmp)
+	}
+	if err == nil {
+		err = os.Rename(tmp, p)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
 		return fmt.Errorf("record the origin of disk %s: %w", overlay, err)
 	}
 	return nil
 }
 
+// syncFile flushes the file or directory at p to disk.
+func syncFile(p string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
 // OverlayFiles lists the files of the overlay at overlay.
 func OverlayFiles(overlay string) []string {
-	return []string{overlay, originPath(overlay), overlay + ".tmp"}
+	return []string{overlay, originPath(overlay), overlay + ".tmp", originPath(overlay) + ".tmp"}
 }
 
 // CopyFile copies the open file f to a new file dst readable by QEMU. Used
