@@ -328,9 +328,15 @@ func unwireLeaves(t *testing.T, path, tap string, created bool, want ...string) 
 // assertNoIngress checks that eth0 is as CNI made it: no ingress qdisc.
 func assertNoIngress(t *testing.T, path string) {
 	t.Helper()
-	_ = inNetns(path, func(h *netlink.Handle) error {
-		l, _ := h.LinkByName("eth0")
-		qs, _ := h.QdiscList(l)
+	err := inNetns(path, func(h *netlink.Handle) error {
+		l, err := h.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		qs, err := h.QdiscList(l)
+		if err != nil {
+			return err
+		}
 		for _, q := range qs {
 			if q.Type() == "ingress" {
 				t.Error("ingress qdisc left on eth0")
@@ -338,6 +344,9 @@ func assertNoIngress(t *testing.T, path string) {
 		}
 		return nil
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 // A shim that died left its redirect to a TAP that is gone: the next VM

@@ -62,8 +62,11 @@ func Wire(netnsPath, podIf, tap string) (createdQdisc bool, err error) {
 			}
 		}
 		if removedStale && !createdQdisc {
-			// A qdisc that carried only a dead VM's redirect was that
-			// VM's: this one removes it when it goes.
+			// A qdisc that carried only a dead VM's redirect is taken for
+			// that VM's, and this one removes it when it goes. (Nothing
+			// records who made it; an empty ingress qdisc that CNI or an
+			// admin added before the dead VM would go too, which changes
+			// no traffic.)
 			if rest, err := h.FilterList(pod, netlink.HANDLE_MIN_INGRESS); err == nil && len(rest) == 0 {
 				createdQdisc = true
 			}
