@@ -481,23 +481,19 @@ func (t *vmTask) kill(ctx context.Context, sig uint32) error {
 		return nil
 	}
 	err := t.checkRunningLocked("kill")
-	if s := unix.Signal(sig); err == nil && t.status == task.Status_PAUSED && (s == unix.SIGTERM || s == unix.SIGINT || s == unix.SIGPWR) {
-		// A paused guest cannot answer the power button (libvirt refuses
-		// to press it). As a signal to a frozen container waits for the
-		// thaw, the press waits for Resume; a stop goes on to SIGKILL.
-		t.powerOffOnResume = true
-		t.mu.Unlock()
-		log.G(ctx).WithField("vm", t.rec.Domain).Info("VM is paused: its power button is pressed when it resumes")
-		return nil
-	}
+	paused := t.status == task.Status_PAUSED
 	t.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	switch unix.Signal(sig) {
-	case unix.SIGKILL:
+	s := unix.Signal(sig)
+	switch {
+	case s == unix.SIGKILL:
 		err = t.h.conn.Destroy(t.rec.Domain)
-	case unix.SIGTERM, unix.SIGINT, unix.SIGPWR:
+	case isPowerButton(s):
+		if paused && t.holdPowerButton(ctx) {
+			return nil
+		}
 		err = t.h.conn.Shutdown(t.rec.Domain)
 	default:
 		return fmt.Errorf("signal %d is not supported for a VM: SIGTERM, SIGINT or SIGPWR press the ACPI power button, SIGKILL destroys it: %w", sig, errdefs.ErrInvalidArgument)
@@ -508,18 +504,24 @@ func (t *vmTask) kill(ctx context.Context, sig uint32) error {
 		if status, _, _, _ := t.snapshot(); status == task.Status_STOPPED {
 			return fmt.Errorf("kill %s: process already finished: %w", t.id, errdefs.ErrNotFound)
 		}
-		if s := unix.Signal(sig); s != unix.SIGKILL && t.holdPowerButton(ctx) {
+		if isPowerButton(s) && t.holdPowerButton(ctx) {
 			return nil
 		}
 	}
 	return err
 }
 
-// holdPowerButton handles a power button that libvirt refused because the
-// VM is paused: by a Pause that came after kill's check (the press waits
-// for Resume), or by QEMU itself, say on a disk I/O error (nothing to
-// wait for; the caller goes on to SIGKILL, as after an ignored SIGTERM).
-// It reports whether the VM is paused.
+// isPowerButton tells the signals that press the VM's ACPI power button.
+func isPowerButton(s unix.Signal) bool {
+	return s == unix.SIGTERM || s == unix.SIGINT || s == unix.SIGPWR
+}
+
+// holdPowerButton handles a power button for a paused VM, which libvirt
+// refuses to press. Paused by Pause (before kill or racing it), the press
+// waits for Resume, as a signal to a frozen container waits for the thaw.
+// Paused by QEMU itself, say on a disk I/O error, there is nothing to wait
+// for; the caller goes on to SIGKILL, as after an ignored SIGTERM. It
+// reports whether the VM is paused.
 func (t *vmTask) holdPowerButton(ctx context.Context) bool {
 	t.mu.Lock()
 	if t.status == task.Status_PAUSED {
