@@ -191,14 +191,6 @@ func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
 	return cred, nil
 }
 
-func peerUID(c *net.UnixConn) (uint32, error) {
-	cred, err := peerCred(c)
-	if err != nil {
-		return 0, err
-	}
-	return cred.Uid, nil
-}
-
 // authorize checks who is on the other end of c.
 func (s *Server) authorize(c *net.UnixConn) error {
 	cred, err := peerCred(c)
@@ -273,10 +265,10 @@ func Fetch(path string) (Grant, []int, []int, error) {
 	}
 	defer c.Close()
 	// Only the shim (root) hands out descriptors and names the emulator.
-	if uid, err := peerUID(c); err != nil {
+	if cred, err := peerCred(c); err != nil {
 		return Grant{}, nil, nil, fmt.Errorf("%s: %w", path, err)
-	} else if uid != 0 {
-		return Grant{}, nil, nil, fmt.Errorf("%s is served by uid %d, not root", path, uid)
+	} else if cred.Uid != 0 {
+		return Grant{}, nil, nil, fmt.Errorf("%s is served by uid %d, not root", path, cred.Uid)
 	}
 	buf := make([]byte, 4096)
 	oob := make([]byte, unix.CmsgSpace(4*64))
