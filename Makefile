@@ -12,7 +12,7 @@ GO       ?= go
 INTEGRATION_TIMEOUT ?= 80m
 INTEGRATION_RUN     ?= .
 
-.PHONY: help build install setup images unit integration test demo bench bench-net bench-numa clean
+.PHONY: help build install setup setup-demo images unit integration test demo bench bench-net bench-numa clean
 
 help: ## Show this help
 	@awk 'BEGIN{FS=":.*## "} /^[a-z-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -43,8 +43,11 @@ integration: setup build images ## Run the integration tests against real contai
 
 test: setup build images unit integration ## Set up the host, then run unit and integration tests
 
-demo: setup install images ## Set up, install, start containerd and boot the demo VM with its console here
+demo: setup-demo install images ## Set up, install, start containerd and boot the demo VM with its console here
 	hack/demo.sh
+
+setup-demo: # the demo runs Debian's containerd 1.6 only: no containerd 2.x build
+	SETUP_CONTAINERD2=0 hack/setup-host.sh
 
 bench: setup build images ## Start latency, time to userspace, shim memory, density vs raw libvirt and runc (writes bench/results)
 	$(GO) run ./bench/cmd/kvmbench

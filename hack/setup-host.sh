@@ -10,6 +10,8 @@
 # Environment:
 #   EXTRA_PACKAGES      more Debian packages to install (space separated)
 #   CONTAINERD2_VERSION containerd 2.x version to build (default v2.2.1)
+#   SETUP_CONTAINERD2   0 skips building containerd 2.x (the demo runs
+#                       Debian's 1.6 only); default 1
 #   LIBVIRT_URI         libvirt URI to check (default qemu:///system)
 #
 # containerd itself is not started: the integration tests run their own
@@ -58,7 +60,23 @@ install_packages() {
 		DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
 	fi
 	log "installing: ${missing[*]}"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+	apt_install "${missing[@]}"
+}
+
+# apt_install PKG...: apt-get install, tried up to three times. Some images
+# (Debian's docker-clean apt configuration) delete downloaded archives after
+# every dpkg run, so an install that needs several dpkg runs fails halfway
+# with "cannot access archive"; the next run fetches what is left.
+apt_install() {
+	local try
+	for try in 1 2 3; do
+		if DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/tmp/setup-host-apt.log 2>&1; then
+			return 0
+		fi
+		log "apt-get install failed (try $try of 3): $(grep -E '^E:' /tmp/setup-host-apt.log | head -n 3 | tr '\n' ' ')"
+	done
+	cat /tmp/setup-host-apt.log >&2
+	die "apt-get install failed three times"
 }
 
 # start_daemon NAME: run /usr/sbin/NAME -d unless a NAME process is alive.
@@ -104,11 +122,15 @@ install_packages
 start_daemon virtlogd
 start_daemon libvirtd
 wait_libvirt
-build_containerd2
+containerd2=skipped
+if [ "${SETUP_CONTAINERD2:-1}" != 0 ]; then
+	build_containerd2
+	containerd2=$("$CONTAINERD2_BIN/containerd" --version | awk '{print $3}')
+fi
 
 echo "setup-host: ok:" \
 	"containerd $(/usr/bin/containerd --version | awk '{print $3}')," \
-	"containerd2 $("$CONTAINERD2_BIN/containerd" --version | awk '{print $3}')," \
+	"containerd2 $containerd2," \
 	"runc $(runc --version | awk 'NR==1{print $3}')," \
 	"libvirt $(virsh -c "$LIBVIRT_URI" version | awk '/Using library/{print $4}')," \
 	"qemu $(qemu-system-x86_64 --version | awk 'NR==1{print $4}')," \
