@@ -89,12 +89,12 @@ func attachConsole(ctx context.Context, socket string, in io.ReadCloser, out io.
 		return nil, fmt.Errorf("connect to VM console %s: %w", socket, err)
 	}
 	c := &console{conn: conn, stdin: in, stdout: out, done: make(chan struct{})}
-	go c.copyOut(ctx)
+	goSafe(ctx, "copy the VM console to stdout", func() { c.copyOut(ctx) })
 	if in != nil {
-		go func() {
+		goSafe(ctx, "copy stdin to the VM console", func() {
 			// Stdin closing (ctr detached) must not close the console.
 			_, _ = io.Copy(conn, in)
-		}()
+		})
 	}
 	return c, nil
 }

@@ -25,7 +25,10 @@ func newEventQueue(ctx context.Context, publisher shim.Publisher) *eventQueue {
 	ctx = namespaces.WithNamespace(context.WithoutCancel(ctx), ns)
 	go func() {
 		for e := range q.ch {
-			if err := publisher.Publish(ctx, topic(e), e); err != nil {
+			var err error
+			// A panic is logged by callSafe with its stack; the next event goes on.
+			_ = callSafe(ctx, "publish event", func() { err = publisher.Publish(ctx, topic(e), e) })
+			if err != nil {
 				log.G(ctx).WithError(err).Error("publish event")
 			}
 		}

@@ -107,10 +107,11 @@ func (s *service) RegisterTTRPC(server *ttrpc.Server) error {
 	return nil
 }
 
-// UnaryInterceptor turns errors into gRPC status codes at the boundary.
+// UnaryInterceptor turns errors into gRPC status codes at the boundary,
+// and a panic in a method into an Internal error (panics.go).
 func (s *service) UnaryInterceptor() ttrpc.UnaryServerInterceptor {
 	return func(ctx context.Context, unmarshal ttrpc.Unmarshaler, info *ttrpc.UnaryServerInfo, method ttrpc.Method) (interface{}, error) {
-		resp, err := method(ctx, unmarshal)
+		resp, err := recoverCalls(ctx, unmarshal, info, method)
 		return resp, errdefs.ToGRPC(err)
 	}
 }
@@ -156,7 +157,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 	var t taskRunner
 	if spec.Annotations[annContainerType] == "sandbox" {
 		if t, err = createSandboxTask(layout{root: cfg.StateDir}, req, ident, s.events.send); err == nil {
-			go s.prepareHost(context.WithoutCancel(ctx), cfg)
+			goSafe(ctx, "connect to libvirt ahead of the pod's VMs", func() { s.prepareHost(context.WithoutCancel(ctx), cfg) })
 		}
 	} else {
 		req.netns = podNetns(spec, s.sandboxNetns(ident.SandboxID))
@@ -195,7 +196,7 @@ func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 	if v, ok := t.(*vmTask); ok {
 		// An exit during Start had no running task to land on. The check
 		// asks libvirt, so it runs after the reply.
-		go v.resync(context.WithoutCancel(ctx))
+		goSafe(ctx, "re-read the VM's state after Start", func() { v.resync(context.WithoutCancel(ctx)) })
 	}
 	return &taskAPI.StartResponse{Pid: uint32(pid)}, nil
 }
@@ -422,7 +423,7 @@ func (s *service) vmHost(ctx context.Context, cfg *Config) (*host, error) {
 	s.mu.Lock()
 	s.host = h
 	s.mu.Unlock()
-	go s.followEvents(context.WithoutCancel(ctx), h)
+	goSafe(ctx, "follow libvirt events", func() { s.followEvents(context.WithoutCancel(ctx), h) })
 	return h, nil
 }
 
@@ -442,11 +443,11 @@ func (s *service) followEvents(ctx context.Context, h *host) {
 		switch ev.Kind {
 		case vm.EventStopped:
 			for _, t := range s.vmTasks(ev.Domain) {
-				go t.onStopped(ctx, ev.Reason)
+				goSafe(ctx, "handle a VM's stop", func() { t.onStopped(ctx, ev.Reason) })
 			}
 		case vm.EventReconnected:
 			for _, t := range s.vmTasks("") {
-				go t.resync(ctx)
+				goSafe(ctx, "re-read a VM's state after a libvirt reconnect", func() { t.resync(ctx) })
 			}
 		}
 	}

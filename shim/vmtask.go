@@ -231,7 +231,13 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		}
 		spec.ConfigDrive = cd
 		errc := make(chan error, 1)
-		go func() { errc <- build() }()
+		go func() {
+			err := errors.New("config drive build did not finish")
+			if perr := callSafe(ctx, "build the config drive", func() { err = build() }); perr != nil {
+				err = perr
+			}
+			errc <- err
+		}()
 		waitDrive = sync.OnceValue(func() error { return <-errc })
 	}
 	if src.Disk != "" {
