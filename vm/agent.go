@@ -50,9 +50,8 @@ type AgentCommander interface {
 var _ AgentCommander = (*Conn)(nil)
 
 // AgentCommand runs one guest agent command through libvirt's agent API
-// (libvirt owns the agent's socket). Errors are classed: ErrNoAgent (with
-// FailedPrecondition) when no agent answers, FailedPrecondition when the
-// domain does not run, NotFound when it is gone.
+// (libvirt owns the agent's socket). It returns libvirt's errors as they
+// are; Agent classes them.
 func (c *Conn) AgentCommand(name string, cmd []byte, timeout time.Duration) ([]byte, error) {
 	l, d, err := c.lookup(name)
 	if err != nil {
@@ -61,7 +60,7 @@ func (c *Conn) AgentCommand(name string, cmd []byte, timeout time.Duration) ([]b
 	secs := int32((timeout + time.Second - 1) / time.Second)
 	out, err := l.QEMUDomainAgentCommand(d, string(cmd), secs, 0)
 	if err != nil {
-		return nil, mapAgentError(err, name)
+		return nil, err
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("guest agent of domain %s: empty reply", name)
@@ -83,6 +82,10 @@ func (c *Conn) SetAgentTimeout(name string, timeout time.Duration) error {
 	return nil
 }
 
+// mapAgentError classes an error of an agent command: ErrNoAgent (with
+// FailedPrecondition) when no agent answers, an AgentError for what the
+// agent answered, and libvirt's classes (FailedPrecondition when the
+// domain does not run, NotFound when it is gone).
 func mapAgentError(err error, name string) error {
 	var lerr libvirt.Error
 	if errors.As(err, &lerr) {
@@ -96,7 +99,7 @@ func mapAgentError(err error, name string) error {
 		}
 		return &AgentError{Message: lerr.Message, err: mapError(err, "guest agent of domain "+name)}
 	}
-	return mapError(err, "guest agent of domain "+name)
+	return err // already classed (the domain's lookup), or not libvirt's
 }
 
 // AgentError is an error the agent (or libvirt on its behalf) answered
@@ -164,7 +167,7 @@ func (a *Agent) call(execute string, args, ret any) error {
 	a.setTimeout()
 	out, err := a.c.AgentCommand(a.domain, cmd, AgentTimeout)
 	if err != nil {
-		return err
+		return mapAgentError(err, a.domain)
 	}
 	if ret == nil {
 		return nil
