@@ -26,8 +26,8 @@ import (
 
 // errTTY is the answer to an exec that asks for a terminal: the guest
 // agent runs commands with pipes only.
-var errTTY = fmt.Errorf("an exec with a terminal (kubectl exec -it, ctr task exec -t) cannot run in a VM: " +
-	"the QEMU guest agent runs commands without one; use `kubectl attach -it` (or `ctr task attach`) " +
+var errTTY = fmt.Errorf("an exec with a terminal (kubectl exec -it, ctr task exec -t) cannot run in a VM: "+
+	"the QEMU guest agent runs commands without one; use `kubectl attach -it` (or `ctr task attach`) "+
 	"for the VM's serial console, or exec without a TTY: %w", errdefs.ErrFailedPrecondition)
 
 // Exit codes of an exec the guest could not run, as a shell and container
