@@ -314,11 +314,16 @@ func (a *Agent) Wait(ctx context.Context, pid int) (Exit, error) {
 }
 
 // replyTooLarge names the output limit when libvirt refused an agent reply
-// for its size (the agent has then forgotten the process).
+// for its size. Measured with libvirt 9.0: the reply to guest-exec-status
+// of a command that wrote 9 MB failed with "No complete agent response
+// found in 10485760 bytes", and libvirt then refused every later agent
+// command of that domain ("not available due to an error") until the
+// guest agent reopens its port.
 func (a *Agent) replyTooLarge(err error, pid int) error {
 	var aerr *AgentError
-	if errors.As(err, &aerr) && strings.Contains(aerr.Message, "too large") {
-		return fmt.Errorf("output of guest pid %d is more than libvirt passes from the guest agent (about %d MiB of stdout plus stderr): %s: %w", pid, MaxExecOutput>>20, aerr.Message, ErrOutputLimit)
+	if errors.As(err, &aerr) && strings.Contains(aerr.Message, "No complete agent response") {
+		return fmt.Errorf("output of guest pid %d is more than libvirt takes from the guest agent (about %d MiB of stdout plus stderr); libvirt now refuses this VM's agent until qemu-ga restarts in the guest: %s: %w",
+			pid, MaxExecOutput>>20, aerr.Message, ErrOutputLimit)
 	}
 	return err
 }

@@ -106,7 +106,7 @@ func TestAgentOutputLimit(t *testing.T) {
 		t.Fatalf("truncated output: %v", err)
 	}
 	// libvirt refusing a reply over its size limit names the limit too.
-	err = a.replyTooLarge(&AgentError{Message: "agent reply is too large", err: errors.New("x")}, 7)
+	err = a.replyTooLarge(&AgentError{Message: "No complete agent response found in 10485760 bytes: Numerical result out of range", err: errors.New("x")}, 7)
 	if !errors.Is(err, ErrOutputLimit) {
 		t.Fatalf("reply too large: %v", err)
 	}
