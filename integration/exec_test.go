@@ -112,11 +112,8 @@ func TestCtrExec(t *testing.T) {
 func TestCtrAttachStdin(t *testing.T) {
 	s := requireKVM(t, "kernel")
 	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
-		c.cleanupAfter(t)
 		id := "it-attach"
-		f := c.runForeground(t, nsDefault, c.kvmRun(s.images["kernel"].ref, id)...)
-		f.waitOutput(t, readyLine, bootTimeout)
-		f.waitOutput(t, "KVM-GUEST-AGENT", bootTimeout) // the shell comes after
+		f := c.foregroundVM(t, id, "KVM-GUEST-AGENT /dev/") // the shell comes after
 		deadline := time.Now().Add(time.Minute)
 		for !strings.Contains(f.out.String(), "ATTACH-42") && time.Now().Before(deadline) {
 			if _, err := f.stdin.Write([]byte("echo ATTACH-$((6*7))\n")); err != nil {
@@ -125,12 +122,28 @@ func TestCtrAttachStdin(t *testing.T) {
 			time.Sleep(2 * time.Second)
 		}
 		f.waitOutput(t, "ATTACH-42", time.Second)
-		c.mustCtr(t, nsDefault, "task", "kill", "-s", "KILL", id)
-		if code := f.wait(t, stopTimeout); code != 137 {
-			t.Errorf("ctr run exited %d after SIGKILL", code)
-		}
-		assertNothingLeft(t, c, shimID{nsDefault, id})
+		c.killForeground(t, f, id)
 	})
+}
+
+// foregroundVM runs the kernel image with ctr run in the foreground (its
+// stdin and stdout are the console) and waits for line on the console.
+func (c *containerd) foregroundVM(t *testing.T, id, line string, runArgs ...string) *foreground {
+	t.Helper()
+	c.cleanupAfter(t)
+	f := c.runForeground(t, nsDefault, c.kvmRun(append(runArgs, c.suite.images["kernel"].ref, id)...)...)
+	f.waitOutput(t, line, bootTimeout)
+	return f
+}
+
+// killForeground destroys a foreground VM and checks nothing is left.
+func (c *containerd) killForeground(t *testing.T, f *foreground, id string) {
+	t.Helper()
+	c.mustCtr(t, nsDefault, "task", "kill", "-s", "KILL", id)
+	if code := f.wait(t, stopTimeout); code != 137 {
+		t.Errorf("ctr run exited %d after SIGKILL", code)
+	}
+	assertNothingLeft(t, c, shimID{nsDefault, id})
 }
 
 // TestCtrExecNoAgent: a guest booted without its agent (the port is there,
@@ -139,10 +152,8 @@ func TestCtrAttachStdin(t *testing.T) {
 func TestCtrExecNoAgent(t *testing.T) {
 	s := requireKVM(t, "kernel")
 	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
-		c.cleanupAfter(t)
 		id := "it-exec-noagent"
-		f := c.runForeground(t, nsDefault, c.kvmRun("--annotation", "kvm.containerd.io/kernel-cmdline=console=ttyS0 kvm-guest.agent=off", s.images["kernel"].ref, id)...)
-		f.waitOutput(t, "KVM-GUEST-AGENT off", bootTimeout)
+		f := c.foregroundVM(t, id, "KVM-GUEST-AGENT off", "--annotation", "kvm.containerd.io/kernel-cmdline=console=ttyS0 kvm-guest.agent=off")
 		for i := range 3 {
 			start := time.Now()
 			r := c.execCtr(nsDefault, id, fmt.Sprintf("noagent-%d", i), "", "true")
@@ -155,9 +166,7 @@ func TestCtrExecNoAgent(t *testing.T) {
 			}
 			t.Logf("exec without an agent failed after %v (ctr included)", took.Round(time.Millisecond))
 		}
-		c.mustCtr(t, nsDefault, "task", "kill", "-s", "KILL", id)
-		f.wait(t, stopTimeout)
-		assertNothingLeft(t, c, shimID{nsDefault, id})
+		c.killForeground(t, f, id)
 	})
 }
 
@@ -316,31 +325,14 @@ func maxOf(v []int) int {
 // (started by udev and systemd) answers ExecSync. One flavour: the boot
 // takes minutes under TCG and the exec path is the same on both.
 func TestCRIExecCloud(t *testing.T) {
-	s := requireKVM(t, "pause")
-	if _, ok := s.images["cloud"]; !ok {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("cloud image missing in %s: build it with hack/cloudimage/build.sh (make images)", s.imagesDir)
-		}
-		t.Skip("cloud image not built (hack/cloudimage/build.sh)")
-	}
+	s := requireCloudImage(t)
 	c := s.flavours[0]
 	t.Run(c.Flavour.Name, func(t *testing.T) {
 		c.watch(t)
 		c.cleanupAfter(t)
 		cl := c.cri(t)
-		p := c.runPod(t, cl, "cloud-exec", "kvm", nil)
-		cfg := containerConfig("vm", s.images["cloud"].ref, nil)
-		cfg.Linux.Resources.MemoryLimitInBytes = 1 << 30
-		cid, err := cl.createContainer(p, cfg)
-		if err != nil {
-			t.Fatalf("CreateContainer: %v", err)
-		}
-		ctx, cancel := criCtx()
-		defer cancel()
-		if _, err := cl.Runtime.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: cid}); err != nil {
-			t.Fatalf("StartContainer: %v", err)
-		}
-		v := &podContainer{pod: p, cid: cid}
+		v := cl.startCloudVM(t, c.runPod(t, cl, "cloud-exec", "kvm", nil), s.images["cloud"].ref)
+		cid := v.cid
 		cl.waitAgentCRI(t, cid, cloudBootTimeout)
 		r, err := cl.execSync(cid, 30, "systemctl", "is-active", "qemu-guest-agent")
 		if err != nil || r.ExitCode != 0 || strings.TrimSpace(string(r.Stdout)) != "active" {

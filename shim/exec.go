@@ -150,13 +150,9 @@ func (t *vmTask) getExec(execID string) (*execProcess, error) {
 
 // deleteExec forgets an exec that ended or never started.
 func (t *vmTask) deleteExec(e *execProcess) error {
-	e.mu.Lock()
-	if e.status == task.Status_RUNNING {
-		e.mu.Unlock()
-		return fmt.Errorf("delete exec %s: it is running; kill it first: %w", e.execID, errdefs.ErrFailedPrecondition)
+	if err := e.deleteStopped(); err != nil {
+		return err
 	}
-	e.setDeletedLocked()
-	e.mu.Unlock()
 	t.mu.Lock()
 	delete(t.execs, e.execID)
 	t.mu.Unlock()

@@ -81,6 +81,18 @@ func (p *proc) setDeletedLocked() {
 	p.endLocked(p.exitStatus, false)
 }
 
+// deleteStopped ends a process for its Delete: one that is running must
+// be killed first.
+func (p *proc) deleteStopped() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.status == task.Status_RUNNING {
+		return fmt.Errorf("delete %s: task is running; kill it first: %w", p.name(), errdefs.ErrFailedPrecondition)
+	}
+	p.setDeletedLocked()
+	return nil
+}
+
 func (p *proc) endLocked(status uint32, publish bool) bool {
 	if p.status == task.Status_STOPPED {
 		return false
