@@ -42,6 +42,11 @@ const (
 	// stdinGrace is how long the stdin reader may still drain after
 	// CloseIO before its FIFO is closed under it.
 	stdinGrace = time.Second
+	// stdinConnect is how long the stdin FIFO may wait for its writer.
+	// The client opens its end before it asks for the exec, so the open
+	// completes at once; a client whose input had already ended (empty
+	// stdin) closed its end unopened, and no writer ever comes.
+	stdinConnect = 500 * time.Millisecond
 	// killGrace is how long a guest process may take to die after the
 	// guest's kill ran, before the exec is reported killed anyway (the
 	// agent has no kill of its own; CRI waits for the exit after a
@@ -64,8 +69,8 @@ type execProcess struct {
 
 	guestPID int                // guarded by mu; 0 until the agent started it
 	killSig  uint32             // guarded by mu; the signal of the last Kill
-	stdin    io.ReadCloser      // guarded by mu; nil once read or without stdin
-	stop     context.CancelFunc // guarded by mu; abandons the run (set at start)
+	stdin    io.ReadCloser      // guarded by mu; the open stdin FIFO while it is read
+	stop     context.CancelFunc // guarded by mu; abandons the run, and a wait for stdin's writer (set at start)
 }
 
 var _ taskRunner = (*execProcess)(nil)
@@ -192,7 +197,7 @@ func (e *execProcess) start(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	var startErr error
-	if fifos.in == nil {
+	if e.stdio.Stdin == "" {
 		e.guestPID, startErr = e.agent.Start(e.cmd)
 		if startErr != nil && !exitsWith(startErr) {
 			fifos.close()
@@ -200,7 +205,7 @@ func (e *execProcess) start(ctx context.Context) (int, error) {
 		}
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	e.stop, e.stdin = cancel, fifos.in
+	e.stop = cancel
 	e.setRunningLocked(e.guestPID)
 	go e.run(runCtx, fifos, startErr)
 	return e.guestPID, nil
@@ -220,13 +225,12 @@ func exitsWith(err error) bool {
 // one long-lived goroutine.
 func (e *execProcess) run(ctx context.Context, fifos execIO, startErr error) {
 	defer e.stop()
-	exit, err := e.execute(ctx, fifos.in, startErr)
+	exit, err := e.execute(ctx, startErr)
 	if err != nil {
 		exit.Stderr = append(exit.Stderr, "containerd-shim-kvm-v1: "+err.Error()+"\n"...)
 	}
 	fifos.deliver(ctx, exit)
 	e.mu.Lock()
-	e.stdin = nil
 	e.setExitedLocked(uint32(exit.Code))
 	e.mu.Unlock()
 	l := log.G(ctx).WithField("vm", e.task.rec.Domain).WithField("exec", e.execID).
@@ -240,11 +244,11 @@ func (e *execProcess) run(ctx context.Context, fifos execIO, startErr error) {
 
 // execute returns the command's exit, or the code and error that stand
 // for it when it could not run to its end.
-func (e *execProcess) execute(ctx context.Context, in io.ReadCloser, startErr error) (vm.Exit, error) {
+func (e *execProcess) execute(ctx context.Context, startErr error) (vm.Exit, error) {
 	pid := e.guestPID
-	if in != nil {
-		input, err := io.ReadAll(io.LimitReader(in, vm.MaxExecInput+1))
-		if err != nil && !errors.Is(err, os.ErrClosed) {
+	if e.stdio.Stdin != "" {
+		input, err := e.readStdin(ctx)
+		if err != nil {
 			return vm.Exit{Code: exitCannotExec}, fmt.Errorf("read stdin: %w", err)
 		}
 		if ctx.Err() != nil { // killed while stdin was read
@@ -300,6 +304,34 @@ func (e *execProcess) execute(ctx context.Context, in io.ReadCloser, startErr er
 	}
 }
 
+// readStdin reads the exec's stdin FIFO to its end. A FIFO whose writer
+// never opens within stdinConnect is an empty stdin. (CloseIO does not
+// cut that wait short: the open may have just completed, and the fifo
+// package then picks either outcome.)
+func (e *execProcess) readStdin(ctx context.Context) ([]byte, error) {
+	octx, cancel := context.WithTimeout(ctx, stdinConnect)
+	in, err := fifo.OpenFifo(octx, e.stdio.Stdin, syscall.O_RDONLY, 0)
+	cancel()
+	if err != nil {
+		if octx.Err() != nil {
+			return nil, nil
+		}
+		return nil, err
+	}
+	defer in.Close()
+	e.mu.Lock()
+	e.stdin = in
+	e.mu.Unlock()
+	input, err := io.ReadAll(io.LimitReader(in, vm.MaxExecInput+1))
+	e.mu.Lock()
+	e.stdin = nil
+	e.mu.Unlock()
+	if err != nil && !errors.Is(err, os.ErrClosed) && !errors.Is(err, fifo.ErrReadClosed) {
+		return nil, err
+	}
+	return input, nil
+}
+
 func (e *execProcess) killedCode() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -324,14 +356,12 @@ func (e *execProcess) kill(ctx context.Context, sig uint32) error {
 		return fmt.Errorf("kill exec %s: process already finished: %w", e.execID, errdefs.ErrNotFound)
 	}
 	e.killSig = sig
-	pid, in := e.guestPID, e.stdin
+	pid := e.guestPID
 	e.mu.Unlock()
 	if pid == 0 {
 		// Still reading stdin: the command never starts.
 		e.abandon()
-		if in != nil {
-			in.Close()
-		}
+		e.endStdin(0)
 		return nil
 	}
 	return e.signal(ctx, sig)
@@ -365,14 +395,16 @@ func (e *execProcess) abandon() {
 	}
 }
 
-// closeStdin ends the exec's input (CloseIO): what the writer sent is
-// drained for up to stdinGrace, then the FIFO is closed.
-func (e *execProcess) closeStdin() {
+// closeStdin ends the exec's input (CloseIO): a FIFO being read is
+// drained for up to stdinGrace, then closed.
+func (e *execProcess) closeStdin() { e.endStdin(stdinGrace) }
+
+func (e *execProcess) endStdin(grace time.Duration) {
 	e.mu.Lock()
 	in := e.stdin
 	e.mu.Unlock()
 	if in != nil {
-		time.AfterFunc(stdinGrace, func() { in.Close() })
+		time.AfterFunc(grace, func() { in.Close() })
 	}
 }
 
@@ -384,14 +416,14 @@ func (e *execProcess) resume(context.Context) error {
 	return fmt.Errorf("exec %s: an exec is resumed with its VM: %w", e.execID, errdefs.ErrNotImplemented)
 }
 
-// execIO is an exec's stdio: FIFOs (or files) containerd or CRI made.
+// execIO is an exec's output: FIFOs (or files) containerd or CRI made.
+// Its stdin is read by readStdin.
 type execIO struct {
-	in       io.ReadCloser
 	out, err io.WriteCloser
 }
 
-// openExecIO opens the exec's stdio without blocking: a FIFO whose other
-// end is not open yet is connected in the background.
+// openExecIO opens the exec's stdout and stderr without blocking: a FIFO
+// whose other end is not open yet is connected in the background.
 func openExecIO(ctx context.Context, sio stdio) (_ execIO, retErr error) {
 	var f execIO
 	defer func() {
@@ -405,11 +437,6 @@ func openExecIO(ctx context.Context, sio stdio) (_ execIO, retErr error) {
 	}
 	if f.err, err = openExecOutput(ctx, sio.Stderr); err != nil {
 		return f, fmt.Errorf("open stderr %s: %w", sio.Stderr, err)
-	}
-	if sio.Stdin != "" {
-		if f.in, err = fifo.OpenFifo(context.WithoutCancel(ctx), sio.Stdin, syscall.O_RDONLY|syscall.O_NONBLOCK, 0); err != nil {
-			return f, fmt.Errorf("open stdin %s: %w", sio.Stdin, err)
-		}
 	}
 	return f, nil
 }
@@ -464,7 +491,7 @@ func (f execIO) write(ctx context.Context, exit vm.Exit) {
 }
 
 func (f execIO) close() {
-	for _, c := range []io.Closer{f.in, f.out, f.err} {
+	for _, c := range []io.Closer{f.out, f.err} {
 		if c != nil {
 			c.Close()
 		}

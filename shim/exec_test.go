@@ -362,3 +362,31 @@ func TestServiceExecCalls(t *testing.T) {
 		t.Fatalf("state of a deleted exec: %v", err)
 	}
 }
+
+// A client whose stdin had already ended closes its FIFO end before the
+// shim opens its own (ctr task exec </dev/null): no writer ever comes, and
+// the exec runs with empty stdin instead of waiting forever.
+func TestExecStdinEndedBeforeStart(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.started()
+	f.fake.guest.SetProgram("cat", vmtest.Program{EchoInput: true})
+	io := newExecStdio(t, true)
+	io.stdin.Close()
+	e, err := vt.addExec(context.Background(), "e1", io.stdio, processSpec(t, "cat"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	if _, err := e.start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if st := waitExec(t, e); st != 0 {
+		t.Fatalf("exit status %d", st)
+	}
+	if took := time.Since(began); took > stdinConnect+time.Second {
+		t.Fatalf("an exec with an ended stdin took %v", took)
+	}
+	if got := f.fake.guest.Started(); len(got) != 1 || got[0].InputData != "" {
+		t.Fatalf("guest-exec %+v, want one with no input", got)
+	}
+}
