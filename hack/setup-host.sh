@@ -25,7 +25,7 @@ PACKAGES=(
 	linux-image-cloud-amd64 busybox-static dosfstools mtools syslinux syslinux-common cpio
 	containernetworking-plugins iproute2 ethtool
 	libxml2-utils genisoimage ipxe
-	cloud-init debootstrap e2fsprogs fdisk iperf3
+	cloud-init debootstrap e2fsprogs fdisk iperf3 qemu-guest-agent
 )
 # shellcheck disable=SC2206 # word splitting of the list is intended
 PACKAGES+=(${EXTRA_PACKAGES:-})

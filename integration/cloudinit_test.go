@@ -28,13 +28,7 @@ const cloudBootTimeout = 10 * time.Minute
 // the config drive does not depend on containerd's version, and the boot
 // takes minutes under TCG.
 func TestCRICloudInit(t *testing.T) {
-	s := requireKVM(t, "pause")
-	if _, ok := s.images["cloud"]; !ok {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("cloud image missing in %s: build it with hack/cloudimage/build.sh (make images)", s.imagesDir)
-		}
-		t.Skip("cloud image not built (hack/cloudimage/build.sh)")
-	}
+	s := requireCloudImage(t)
 	c := s.flavours[0]
 	t.Run(c.Flavour.Name, func(t *testing.T) {
 		c.watch(t)
@@ -50,18 +44,8 @@ func TestCRICloudInit(t *testing.T) {
 			"kvm.containerd.io/ssh-authorized-keys": key,
 		})
 		pn := cl.podNetwork(t, p)
-		cfg := containerConfig("vm", s.images["cloud"].ref, nil)
-		cfg.Linux.Resources.MemoryLimitInBytes = 1 << 30
-		cid, err := cl.createContainer(p, cfg)
-		if err != nil {
-			t.Fatalf("CreateContainer: %v", err)
-		}
-		ctx, cancel := criCtx()
-		defer cancel()
-		if _, err := cl.Runtime.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: cid}); err != nil {
-			t.Fatalf("StartContainer: %v", err)
-		}
-		v := &podContainer{pod: p, cid: cid, logPath: filepath.Join(p.logDir, cfg.LogPath)}
+		v := cl.startCloudVM(t, p, s.images["cloud"].ref)
+		cid := v.cid
 		t.Cleanup(func() {
 			if t.Failed() {
 				b, err := os.ReadFile(v.logPath)
@@ -119,6 +103,38 @@ func TestCRICloudInit(t *testing.T) {
 		cl.removePod(t, v)
 		assertNothingLeft(t, c, v.shimIDs()...)
 	})
+}
+
+// requireCloudImage is requireKVM for the Debian cloud image: it skips
+// without the image, and fails without it in CI.
+func requireCloudImage(t *testing.T) *testSuite {
+	t.Helper()
+	s := requireKVM(t, "pause")
+	if _, ok := s.images["cloud"]; !ok {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("cloud image missing in %s: build it with hack/cloudimage/build.sh (make images)", s.imagesDir)
+		}
+		t.Skip("cloud image not built (hack/cloudimage/build.sh)")
+	}
+	return s
+}
+
+// startCloudVM creates and starts a container of the cloud image (1 GiB of
+// memory: cloud-init and systemd need it) in pod p.
+func (cl *criClient) startCloudVM(t *testing.T, p *pod, ref string) *podContainer {
+	t.Helper()
+	cfg := containerConfig("vm", ref, nil)
+	cfg.Linux.Resources.MemoryLimitInBytes = 1 << 30
+	cid, err := cl.createContainer(p, cfg)
+	if err != nil {
+		t.Fatalf("CreateContainer: %v", err)
+	}
+	ctx, cancel := criCtx()
+	defer cancel()
+	if _, err := cl.Runtime.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: cid}); err != nil {
+		t.Fatalf("StartContainer: %v", err)
+	}
+	return &podContainer{pod: p, cid: cid, logPath: filepath.Join(p.logDir, cfg.LogPath)}
 }
 
 // cloudConsole collects the KVM-CLOUD-* lines of the CRI log: key → values.

@@ -68,6 +68,10 @@ func topic(e any) string {
 		return runtime.TaskPausedEventTopic
 	case *eventstypes.TaskResumed:
 		return runtime.TaskResumedEventTopic
+	case *eventstypes.TaskExecAdded:
+		return runtime.TaskExecAddedEventTopic
+	case *eventstypes.TaskExecStarted:
+		return runtime.TaskExecStartedEventTopic
 	}
 	return runtime.TaskUnknownTopic
 }

@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"time"
 
 	"github.com/containerd/containerd/errdefs"
+	"github.com/digitalocean/go-libvirt"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vm/vmtest"
 )
 
 // fakeDomains is libvirt with state: defined domains, which run, and a
@@ -20,6 +23,7 @@ type fakeDomains struct {
 	startErr error
 	resumed  func(name string) // called after a Resume, without mu
 	shutdown func(name string) // called as a Shutdown begins, without mu
+	guest    *vmtest.FakeGuest // the agent of every domain
 }
 
 type fakeDomain struct {
@@ -35,7 +39,9 @@ type fakeDomain struct {
 
 var _ domains = (*fakeDomains)(nil)
 
-func newFakeDomains() *fakeDomains { return &fakeDomains{doms: map[string]*fakeDomain{}} }
+func newFakeDomains() *fakeDomains {
+	return &fakeDomains{doms: map[string]*fakeDomain{}, guest: vmtest.NewFakeGuest()}
+}
 
 func (f *fakeDomains) record(call string) { f.calls = append(f.calls, call) }
 
@@ -202,3 +208,23 @@ func (f *fakeDomains) Metadata(name string) (vm.Metadata, error) {
 }
 
 func (f *fakeDomains) PID(name string) (int, error) { return 4242, nil }
+
+// AgentCommand reaches the fake guest's agent while the domain runs; a
+// stopped domain fails as libvirt's does.
+func (f *fakeDomains) AgentCommand(name string, cmd []byte, timeout time.Duration) ([]byte, error) {
+	f.mu.Lock()
+	d, err := f.get(name)
+	running := err == nil && d.running
+	f.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if !running {
+		return nil, libvirt.Error{Code: uint32(libvirt.ErrOperationInvalid), Message: "domain is not running"}
+	}
+	return f.guest.AgentCommand(name, cmd, timeout)
+}
+
+func (f *fakeDomains) SetAgentTimeout(name string, timeout time.Duration) error {
+	return f.guest.SetAgentTimeout(name, timeout)
+}

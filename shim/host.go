@@ -57,6 +57,7 @@ type domains interface {
 	Stats(name string) (vm.Stats, error)
 	Metadata(name string) (vm.Metadata, error)
 	PID(name string) (int, error)
+	vm.AgentCommander
 }
 
 var _ domains = (*vm.Conn)(nil)

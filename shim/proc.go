@@ -16,6 +16,7 @@ import (
 // machine (created → running ⇄ paused → stopped) and a once-only exit.
 type proc struct {
 	id     string
+	execID string // set for an exec process of task id
 	bundle string
 	stdio  stdio
 
@@ -48,9 +49,23 @@ func (p *proc) snapshot() (status task.Status, pid int, exitStatus uint32, exite
 	return p.status, p.pid, p.exitStatus, p.exitedAt
 }
 
-// setRunningLocked records the start and queues TaskStart.
+// name is the process's id in the task API: the exec id of an exec, the
+// task id otherwise.
+func (p *proc) name() string {
+	if p.execID != "" {
+		return p.execID
+	}
+	return p.id
+}
+
+// setRunningLocked records the start and queues TaskStart, or
+// TaskExecStarted for an exec.
 func (p *proc) setRunningLocked(pid int) {
 	p.pid, p.status = pid, task.Status_RUNNING
+	if p.execID != "" {
+		p.publish(&eventstypes.TaskExecStarted{ContainerID: p.id, ExecID: p.execID, Pid: uint32(pid)})
+		return
+	}
 	p.publish(&eventstypes.TaskStart{ContainerID: p.id, Pid: uint32(pid)})
 }
 
@@ -66,6 +81,18 @@ func (p *proc) setDeletedLocked() {
 	p.endLocked(p.exitStatus, false)
 }
 
+// deleteStopped ends a process for its Delete: one that is running must
+// be killed first.
+func (p *proc) deleteStopped() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.status == task.Status_RUNNING {
+		return fmt.Errorf("delete %s: task is running; kill it first: %w", p.name(), errdefs.ErrFailedPrecondition)
+	}
+	p.setDeletedLocked()
+	return nil
+}
+
 func (p *proc) endLocked(status uint32, publish bool) bool {
 	if p.status == task.Status_STOPPED {
 		return false
@@ -75,7 +102,7 @@ func (p *proc) endLocked(status uint32, publish bool) bool {
 	p.exitedAt = time.Now()
 	if publish {
 		p.publish(&eventstypes.TaskExit{
-			ContainerID: p.id, ID: p.id, Pid: uint32(p.pid),
+			ContainerID: p.id, ID: p.name(), Pid: uint32(p.pid),
 			ExitStatus: status, ExitedAt: protobuf.ToTimestamp(p.exitedAt),
 		})
 	}
@@ -100,7 +127,7 @@ func (p *proc) checkRunningLocked(what string) error {
 	case task.Status_RUNNING, task.Status_PAUSED:
 		return nil
 	case task.Status_STOPPED:
-		return fmt.Errorf("%s %s: process already finished: %w", what, p.id, errdefs.ErrNotFound)
+		return fmt.Errorf("%s %s: process already finished: %w", what, p.name(), errdefs.ErrNotFound)
 	}
-	return fmt.Errorf("%s %s: task is %s: %w", what, p.id, p.status, errdefs.ErrFailedPrecondition)
+	return fmt.Errorf("%s %s: task is %s: %w", what, p.name(), p.status, errdefs.ErrFailedPrecondition)
 }

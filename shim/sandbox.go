@@ -104,13 +104,9 @@ func (t *sandboxTask) resume(context.Context) error {
 // the pod remains and no VM of the pod is left in this shim, the pod's
 // data: the pod is gone.
 func (t *sandboxTask) delete(ctx context.Context, podBusy bool) error {
-	t.mu.Lock()
-	if t.status == task.Status_RUNNING {
-		t.mu.Unlock()
-		return fmt.Errorf("delete %s: task is running; kill it first: %w", t.id, errdefs.ErrFailedPrecondition)
+	if err := t.deleteStopped(); err != nil {
+		return err
 	}
-	t.setDeletedLocked()
-	t.mu.Unlock()
 	if err := releaseSandbox(ctx, t.layout, &t.rec, !podBusy); err != nil {
 		return err
 	}

@@ -116,17 +116,22 @@ func (s *service) UnaryInterceptor() ttrpc.UnaryServerInterceptor {
 	}
 }
 
+// get finds a task, or one of its exec processes when execID is set.
 func (s *service) get(id, execID string) (taskRunner, error) {
-	if execID != "" {
-		return nil, fmt.Errorf("exec processes are not supported yet: %w", errdefs.ErrNotImplemented)
-	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	t, ok := s.tasks[id]
+	s.mu.Unlock()
 	if !ok {
 		return nil, fmt.Errorf("task %s: %w", id, errdefs.ErrNotFound)
 	}
-	return t, nil
+	if execID == "" {
+		return t, nil
+	}
+	v, ok := t.(*vmTask)
+	if !ok {
+		return nil, fmt.Errorf("exec %s in task %s: %w", execID, id, errdefs.ErrNotFound)
+	}
+	return v.getExec(execID)
 }
 
 func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*taskAPI.CreateTaskResponse, error) {
@@ -183,7 +188,9 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 }
 
 func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.StartResponse, error) {
-	defer s.trim.soon()
+	if r.ExecID == "" { // an exec (a probe each few seconds) leaves little garbage
+		defer s.trim.soon()
+	}
 	t, err := s.get(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
@@ -209,7 +216,7 @@ func (s *service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.
 	p := t.base()
 	status, pid, exitStatus, exitedAt := p.snapshot()
 	return &taskAPI.StateResponse{
-		ID: p.id, Bundle: p.bundle, Pid: uint32(pid), Status: status,
+		ID: p.name(), ExecID: p.execID, Bundle: p.bundle, Pid: uint32(pid), Status: status,
 		Stdin: p.stdio.Stdin, Stdout: p.stdio.Stdout, Stderr: p.stdio.Stderr, Terminal: p.stdio.Terminal,
 		ExitStatus: exitStatus, ExitedAt: protobuf.ToTimestamp(exitedAt),
 	}, nil
@@ -236,7 +243,9 @@ func (s *service) Wait(ctx context.Context, r *taskAPI.WaitRequest) (*taskAPI.Wa
 }
 
 func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
-	defer s.trim.soon()
+	if r.ExecID == "" { // an exec (a probe each few seconds) leaves little garbage
+		defer s.trim.soon()
+	}
 	t, err := s.get(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
@@ -246,6 +255,12 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 		err = t.delete(ctx)
 	case *sandboxTask:
 		err = t.delete(ctx, s.podHasVMs(t.rec.PodUID))
+	case *execProcess:
+		if err = t.task.deleteExec(t); err != nil {
+			return nil, err
+		}
+		_, pid, status, at := t.snapshot()
+		return &taskAPI.DeleteResponse{Pid: uint32(pid), ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)}, nil
 	}
 	if err != nil {
 		return nil, err
@@ -352,19 +367,48 @@ func (s *service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*pt
 	return &ptypes.Empty{}, nil
 }
 
+// CloseIO ends an exec's stdin, which the guest agent hands over once it
+// is complete. The guest's console has no end-of-input: for the task
+// itself it does nothing.
 func (s *service) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*ptypes.Empty, error) {
+	t, err := s.get(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	if e, ok := t.(*execProcess); ok && r.Stdin {
+		e.closeStdin()
+	}
+	return &ptypes.Empty{}, nil
+}
+
+// Exec registers a command to run in the VM's guest (see shim/exec.go).
+func (s *service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*ptypes.Empty, error) {
+	t, err := s.get(r.ID, "")
+	if err != nil {
+		return nil, err
+	}
+	v, ok := t.(*vmTask)
+	if !ok {
+		return nil, fmt.Errorf("exec in %s: a pod sandbox runs no guest: %w", r.ID, errdefs.ErrFailedPrecondition)
+	}
+	_, err = v.addExec(ctx, r.ExecID, stdio{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal}, r.Spec)
+	return &ptypes.Empty{}, err
+}
+
+// ResizePty of the task (kubectl attach -it, ctr task attach) is accepted
+// and has no effect: the console is a serial line, which carries no window
+// size; the guest keeps its own (stty rows N cols M in the guest sets it).
+// An exec has no terminal to resize.
+func (s *service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*ptypes.Empty, error) {
 	if _, err := s.get(r.ID, r.ExecID); err != nil {
 		return nil, err
 	}
-	return &ptypes.Empty{}, nil // the guest's console has no end-of-input
-}
-
-func (s *service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*ptypes.Empty, error) {
-	return nil, fmt.Errorf("exec into a VM task is not supported yet: %w", errdefs.ErrNotImplemented)
-}
-
-func (s *service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*ptypes.Empty, error) {
-	return nil, fmt.Errorf("resizing a VM's serial console is not supported yet: %w", errdefs.ErrNotImplemented)
+	if r.ExecID != "" {
+		return nil, errTTY
+	}
+	log.G(ctx).WithField("id", r.ID).WithField("width", r.Width).WithField("height", r.Height).
+		Debug("resize of a serial console: nothing to do, a serial line has no window size")
+	return &ptypes.Empty{}, nil
 }
 
 func (s *service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*ptypes.Empty, error) {

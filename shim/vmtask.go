@@ -35,6 +35,9 @@ type vmTask struct {
 	fdServer *netfd.Server // hands the VM's network descriptors to its QEMU; nil without network
 
 	powerOffOnResume bool // guarded by mu: a SIGTERM came while paused
+
+	agent *vm.Agent               // guarded by mu; the guest agent client, from Start
+	execs map[string]*execProcess // guarded by mu; by exec id
 }
 
 // createRequest is the part of a task create the VM needs.
@@ -424,6 +427,7 @@ func (t *vmTask) start(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	t.console = c
+	t.agent = vm.NewAgent(t.h.conn, name)
 	t.setRunningLocked(pid) // onStopped checks the status under mu: an exit seen from here on follows the TaskStart
 	t.rec.Pid = pid
 	if err := writeRecord(t.bundle, &t.rec); err != nil {
@@ -604,6 +608,7 @@ func (t *vmTask) delete(ctx context.Context) error {
 	if srv != nil {
 		_ = srv.Close()
 	}
+	t.abandonExecs()
 	return releaseVM(ctx, t.h.conn, &t.rec, t.bundle)
 }
 

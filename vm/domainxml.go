@@ -147,6 +147,7 @@ type devicesXML struct {
 	Disks       []diskXML       `xml:"disk"`
 	Controllers []controllerXML `xml:"controller"`
 	Serials     []serialXML     `xml:"serial"`
+	Channels    []channelXML    `xml:"channel"`
 	RNGs        []rngXML        `xml:"rng"`
 	MemBalloon  *memBalloonXML  `xml:"memballoon,omitempty"`
 }
@@ -200,6 +201,25 @@ type serialLogXML struct {
 
 type serialTargetXML struct {
 	Port int `xml:"port,attr"`
+}
+
+// channelXML is a virtio-serial port. With no path in its source, libvirt
+// picks the socket's place itself (under its own state directory, out of
+// the VM dir) and adds the virtio-serial controller the port needs.
+type channelXML struct {
+	Type   string           `xml:"type,attr"`
+	Source channelSourceXML `xml:"source"`
+	Target channelTargetXML `xml:"target"`
+}
+
+type channelSourceXML struct {
+	Mode string `xml:"mode,attr"`
+	Path string `xml:"path,attr,omitempty"`
+}
+
+type channelTargetXML struct {
+	Type string `xml:"type,attr"`
+	Name string `xml:"name,attr"`
 }
 
 type rngXML struct {

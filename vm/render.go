@@ -22,6 +22,7 @@ var configurators = []configurator{
 	configureDisk,
 	configureConfigDrive,
 	configureConsole,
+	configureAgentChannel,
 	configureDevices,
 }
 
@@ -183,6 +184,23 @@ func configureConsole(s *Spec, d *domainXML) {
 		Source: serialSourceXML{Mode: "bind", Path: s.Console.Socket},
 		Log:    &serialLogXML{File: s.Console.Log, Append: "on"},
 		Target: serialTargetXML{Port: 0},
+	})
+}
+
+// AgentPort is the virtio-serial port name the QEMU guest agent listens
+// on in the guest (qemu-ga's default).
+const AgentPort = "org.qemu.guest_agent.0"
+
+// configureAgentChannel gives every VM the port of the QEMU guest agent,
+// through which exec runs commands in the guest. It must be there from
+// the start: a virtio-serial port cannot be hot-plugged without a
+// controller already in the domain. libvirt connects to the socket itself
+// and serves it through its agent API; the shim never opens it.
+func configureAgentChannel(s *Spec, d *domainXML) {
+	d.Devices.Channels = append(d.Devices.Channels, channelXML{
+		Type:   "unix",
+		Source: channelSourceXML{Mode: "bind"},
+		Target: channelTargetXML{Type: "virtio", Name: AgentPort},
 	})
 }
 

@@ -93,12 +93,13 @@ MIRROR=${MIRROR%/}
 # Packages on top of minbase. cloud-init brings python3 and its modules;
 # systemd-resolved makes the DNS servers from network_data.json effective;
 # iproute2 is needed by cloud-init's networkd renderer; openssh-server so the
-# injected keys are usable as in any cloud image.
+# injected keys are usable as in any cloud image; qemu-guest-agent for exec
+# (udev starts its service when the agent's virtio-serial port appears).
 PACKAGES=(
 	systemd-sysv udev kmod
 	linux-image-cloud-amd64 initramfs-tools
 	cloud-init systemd-resolved iproute2
-	openssh-server
+	openssh-server qemu-guest-agent
 	# debootstrap does not resolve virtual packages: name their providers.
 	dbus python3-cffi-backend
 )

@@ -64,6 +64,7 @@ declare -A NEED=(
 	[/usr/lib/syslinux/mbr/mbr.bin]=syslinux-common
 	[qemu-img]=qemu-utils
 	[/usr/lib/ipxe/ipxe.iso]=ipxe
+	[/usr/sbin/qemu-ga]=qemu-guest-agent
 )
 install_missing NEED
 command -v go >/dev/null || die "go is not installed"
@@ -169,7 +170,7 @@ printf '%s\n' "$KERNEL" | write_if_changed "$WORK/kernel.ref"
 # the ACPI power button driver and evdev for its /dev/input/eventN.
 EARLY_MODULES=(button evdev)
 LATE_MODULES=(virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci
-	failover net_failover virtio_net virtio_blk fat vfat nls_cp437 nls_ascii)
+	failover net_failover virtio_net virtio_blk virtio_console fat vfat nls_cp437 nls_ascii)
 
 # resolve_modules NAME...: append each module to MODULES (load order) with
 # its file in MODFILE; skip built-ins; check that every dependency comes
@@ -216,6 +217,12 @@ install -m 0755 hack/guest/kvm-guest-probe "$STAGE/bin/kvm-guest-probe"
 install -m 0755 hack/guest/kvm-guest-discard "$STAGE/bin/kvm-guest-discard"
 for m in "${MODULES[@]}"; do
 	cp "${MODFILE[$m]}" "$STAGE/lib/modules/$KVER/$m.ko"
+done
+# Debian's QEMU guest agent with the shared libraries it links (the
+# initramfs has no others), for exec through the agent.
+install -D -m 0755 /usr/sbin/qemu-ga "$STAGE/usr/sbin/qemu-ga"
+for lib in $(ldd /usr/sbin/qemu-ga | grep -o '/[^ ]*'); do
+	install -D -m 0755 "$(readlink -f "$lib")" "$STAGE$lib"
 done
 printf '%s\n' "${EARLY[@]}" >"$STAGE/etc/kvm-guest/modules.early"
 printf '%s\n' "${LATE[@]}" >"$STAGE/etc/kvm-guest/modules.late"

@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -311,5 +312,31 @@ func TestDensityRounds(t *testing.T) {
 	}
 	if len(m.Failures) != 1 {
 		t.Errorf("merged failures %v", m.Failures)
+	}
+}
+
+func TestExecRows(t *testing.T) {
+	r := &results{Settings: settings{Flavours: []string{"1.6"}}, Started: time.Date(2026, 11, 23, 20, 0, 0, 0, time.UTC)}
+	r.Exec = []execResult{
+		{Flavour: "1.6", Runs: 3, LatencyMs: []float64{50, 60, 70}, P50Ms: 60, P99Ms: 69.8, ShimCPUPerExecMs: 1.25, AgentReadyMs: 5000},
+		{Flavour: "2.x", Runs: 3, LatencyMs: []float64{50, 60}, Failures: []string{"exit code 126"}, P50Ms: 55, P99Ms: 59.9, ShimCPUPerExecMs: 1.5},
+	}
+	r.build()
+	tab := r.table()
+	for _, want := range []string{"exec (TCG) 1.6", "p50 60.0 ms, p99 69.8 ms (n=3, 0 failed)", "1.2 ms (user+system", "exec (TCG) 2.x"} {
+		if !strings.Contains(tab, want) {
+			t.Errorf("table lacks %q:\n%s", want, tab)
+		}
+	}
+	if n := strings.Count(tab, "NOT MET"); n != 1 {
+		t.Errorf("%d NOT MET rows, want the one with a failure:\n%s", n, tab)
+	}
+	dir := t.TempDir()
+	paths, err := r.write(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(paths, filepath.Join(dir, "latest-exec.md")) {
+		t.Errorf("an exec-only run wrote %v, want latest-exec.md and not latest.md", paths)
 	}
 }

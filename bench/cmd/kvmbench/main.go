@@ -1,7 +1,8 @@
 // Command kvmbench measures the kvm shim on this machine against baselines:
 // start latency (ctr and CRI against go-libvirt defining the same domain
 // XML), time to guest userspace, shim memory against the runc shim,
-// density (concurrent CRI pods) and the Go micro-benchmarks. It starts its
+// density (concurrent CRI pods), exec through the guest agent and the Go
+// micro-benchmarks. It starts its
 // own private containerd daemons (internal/testenv), prints one table and
 // writes the results as JSON and Markdown under bench/results/.
 //
@@ -53,9 +54,9 @@ type config struct {
 }
 
 // allSections are the sections there are; defaultSections run without
-// -sections. "net" (bench-net) runs only when asked for.
+// -sections. "net" (bench-net) and "exec" run only when asked for.
 var (
-	allSections     = []string{"latency", "memory", "density", "micro", "net"}
+	allSections     = []string{"latency", "memory", "density", "micro", "net", "exec"}
 	defaultSections = []string{"latency", "memory", "density", "micro"}
 )
 
@@ -148,7 +149,7 @@ func parseFlags(args []string) (*config, error) {
 func (c *config) has(section string) bool { return slices.Contains(c.sections, section) }
 
 func (c *config) needsDaemons() bool {
-	return c.has("latency") || c.has("memory") || c.has("density") || c.has("net")
+	return c.has("latency") || c.has("memory") || c.has("density") || c.has("net") || c.has("exec")
 }
 
 func splitList(s string) []string {
@@ -270,6 +271,10 @@ func measureOnHost(ctx context.Context, c *config, res *results) (retErr error) 
 	if c.has("net") && ctx.Err() == nil {
 		res.Net, err = runNet(ctx, e)
 		res.fail("net", err)
+	}
+	if c.has("exec") && ctx.Err() == nil {
+		res.Exec, err = runExec(ctx, e)
+		res.fail("exec", err)
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()

@@ -28,6 +28,7 @@ type results struct {
 	Density  []densityResult `json:"density,omitempty"`
 	Micro    *microResult    `json:"micro,omitempty"`
 	Net      *netResults     `json:"net,omitempty"`
+	Exec     []execResult    `json:"exec,omitempty"`
 	// Failed lists the sections that failed, with why.
 	Failed []string `json:"failed,omitempty"`
 	// Disturbance is what else ran on the host during the sections.
@@ -136,6 +137,7 @@ func (r *results) build() {
 	r.buildMemory()
 	r.buildDensity()
 	r.buildNet()
+	r.buildExec()
 	r.buildMicro()
 	r.add("-", "KVM start latency and boot time", "cannot run here: "+r.Machine.AccelWhy, "", "not measured")
 	r.add("-", "vhost-net throughput", "cannot run here: the shim hands QEMU vhost-net descriptors only for KVM domains, and this host has no /dev/vhost-net", "", "not measured")
@@ -503,9 +505,9 @@ func mdEscape(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
 
 // write stores <UTC timestamp>-<tag>.json and .md (and -micro.txt) in
 // dir, and copies the Markdown to latest<kind>.md: latest.md for runs with
-// the main sections, latest-net.md for bench-net alone, latest-micro.md
-// for the micro-benchmarks alone, so that a partial run does not replace
-// the full one.
+// the main sections, latest-net.md for bench-net alone, latest-exec.md for
+// the exec section alone, latest-micro.md for the micro-benchmarks alone,
+// so that a partial run does not replace the full one.
 func (r *results) write(dir string) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -515,6 +517,8 @@ func (r *results) write(dir string) ([]string, error) {
 	case r.Latency != nil || r.Memory != nil || r.Density != nil:
 	case r.Net != nil && r.Micro == nil:
 		tag, kind = tag+"-net", "-net"
+	case r.Exec != nil && r.Micro == nil:
+		tag, kind = tag+"-exec", "-exec"
 	case r.Net == nil && r.Micro != nil:
 		tag, kind = "micro", "-micro"
 	}

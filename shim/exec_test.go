@@ -1,0 +1,392 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	eventstypes "github.com/containerd/containerd/api/events"
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v2"
+	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/fifo"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vm/vmtest"
+)
+
+func processSpec(t *testing.T, args ...string) *anypb.Any {
+	t.Helper()
+	b, err := json.Marshal(specs.Process{Args: args, Env: []string{"PATH=/bin"}, Cwd: "/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &anypb.Any{TypeUrl: "types.containerd.io/opencontainers/runtime-spec/1/Process", Value: b}
+}
+
+// execStdio makes an exec's FIFOs as containerd does and reads its output
+// as containerd does; write feeds stdin when withStdin.
+type execStdio struct {
+	stdio
+	stdout, stderr chan string
+	stdin          io.WriteCloser
+}
+
+func newExecStdio(t *testing.T, withStdin bool) *execStdio {
+	t.Helper()
+	dir := t.TempDir()
+	s := &execStdio{stdout: make(chan string, 1), stderr: make(chan string, 1)}
+	s.Stdout, s.Stderr = filepath.Join(dir, "out"), filepath.Join(dir, "err")
+	ctx := context.Background()
+	for p, ch := range map[string]chan string{s.Stdout: s.stdout, s.Stderr: s.stderr} {
+		r, err := fifo.OpenFifo(ctx, p, syscall.O_RDONLY|syscall.O_CREAT|syscall.O_NONBLOCK, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			b, _ := io.ReadAll(r)
+			r.Close()
+			ch <- string(b)
+		}()
+	}
+	if withStdin {
+		s.Stdin = filepath.Join(dir, "in")
+		w, err := fifo.OpenFifo(ctx, s.Stdin, syscall.O_WRONLY|syscall.O_CREAT|syscall.O_NONBLOCK, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.stdin = w
+	}
+	return s
+}
+
+func (s *execStdio) output(t *testing.T) (string, string) {
+	t.Helper()
+	var out, errOut string
+	for i, ch := range []chan string{s.stdout, s.stderr} {
+		select {
+		case v := <-ch:
+			if i == 0 {
+				out = v
+			} else {
+				errOut = v
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("exec output never closed")
+		}
+	}
+	return out, errOut
+}
+
+func waitExec(t *testing.T, e *execProcess) uint32 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, _, err := e.wait(ctx)
+	if err != nil {
+		t.Fatalf("exec %s never exited: %v", e.execID, err)
+	}
+	return st
+}
+
+func TestExecRunsInGuest(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.started()
+	before := runtime.NumGoroutine()
+	f.fake.guest.SetProgram("/bin/sh", vmtest.Program{Polls: 2, Code: 3, Out: "out", Err: "err"})
+	io := newExecStdio(t, false)
+	e, err := vt.addExec(context.Background(), "e1", io.stdio, processSpec(t, "/bin/sh", "-c", "exit 3"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := e.start(context.Background())
+	if err != nil || pid == 0 {
+		t.Fatalf("start: pid %d, %v", pid, err)
+	}
+	if st := waitExec(t, e); st != 3 {
+		t.Fatalf("exit status %d, want 3", st)
+	}
+	if out, errOut := io.output(t); out != "out" || errOut != "err" {
+		t.Fatalf("stdout %q stderr %q", out, errOut)
+	}
+	got := f.fake.guest.Started()[0]
+	if got.Path != "/bin/sh" || strings.Join(got.Arg, " ") != "-c exit 3" || got.Env[0] != "PATH=/bin" || !got.CaptureOutput {
+		t.Fatalf("guest-exec %+v", got)
+	}
+	// containerd's order: added, started, exit (of the exec, by its id).
+	var order []string
+	for _, ev := range f.events.events {
+		switch ev := ev.(type) {
+		case *eventstypes.TaskExecAdded:
+			order = append(order, "added "+ev.ExecID)
+		case *eventstypes.TaskExecStarted:
+			order = append(order, "started "+ev.ExecID)
+		case *eventstypes.TaskExit:
+			if ev.ContainerID != "vm1" {
+				t.Errorf("exec exit of container %q", ev.ContainerID)
+			}
+			order = append(order, "exit "+ev.ID)
+		}
+	}
+	if strings.Join(order, ",") != "added e1,started e1,exit e1" {
+		t.Fatalf("events %v", order)
+	}
+	if err := vt.deleteExec(e); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := vt.getExec("e1"); !errdefs.IsNotFound(err) {
+		t.Fatalf("deleted exec still there: %v", err)
+	}
+	// Nothing of the exec keeps running in the shim.
+	deadline := time.Now().Add(2 * time.Second)
+	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > before {
+		t.Fatalf("%d goroutines after the exec, %d before", n, before)
+	}
+}
+
+func TestExecStdinGivenAtOnce(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.started()
+	f.fake.guest.SetProgram("cat", vmtest.Program{EchoInput: true})
+	io := newExecStdio(t, true)
+	e, err := vt.addExec(context.Background(), "e1", io.stdio, processSpec(t, "cat"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pid, err := e.start(context.Background()); err != nil || pid != 0 {
+		t.Fatalf("start with stdin: pid %d (the command waits for stdin), %v", pid, err)
+	}
+	if _, err := io.stdin.Write([]byte("hello\n")); err != nil {
+		t.Fatal(err)
+	}
+	io.stdin.Close()
+	e.closeStdin()
+	if st := waitExec(t, e); st != 0 {
+		t.Fatalf("exit status %d", st)
+	}
+	if out, _ := io.output(t); out != "hello\n" {
+		t.Fatalf("stdout %q", out)
+	}
+	if _, pid, _, _ := e.snapshot(); pid == 0 {
+		t.Fatal("the exec's pid is not the guest's")
+	}
+}
+
+func TestExecRefusesBadRequests(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.started()
+	ctx := context.Background()
+	if _, err := vt.addExec(ctx, "e1", stdio{}, processSpec(t)); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "args") {
+		t.Errorf("empty args: %v", err)
+	}
+	_, err := vt.addExec(ctx, "e1", stdio{Terminal: true}, processSpec(t, "sh"))
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "kubectl attach -it") {
+		t.Errorf("TTY exec: %v", err)
+	}
+	if _, err := vt.addExec(ctx, "e1", stdio{Stdout: "tcp://x"}, processSpec(t, "sh")); err == nil {
+		t.Error("stdout over tcp accepted")
+	}
+	if _, err := vt.addExec(ctx, "e1", stdio{}, processSpec(t, "sh")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := vt.addExec(ctx, "e1", stdio{}, processSpec(t, "sh")); !errdefs.IsAlreadyExists(err) {
+		t.Errorf("reused exec id: %v", err)
+	}
+	if err := vt.pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := vt.addExec(ctx, "e2", stdio{}, processSpec(t, "sh")); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "paused") {
+		t.Errorf("exec in a paused VM: %v", err)
+	}
+	e, _ := vt.getExec("e1")
+	if _, err := e.start(ctx); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("start in a paused VM: %v", err)
+	}
+	if err := vt.resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.fake.stop(vt.rec.Domain, vm.StopShutdown)
+	vt.resync(ctx)
+	if _, err := vt.addExec(ctx, "e3", stdio{}, processSpec(t, "sh")); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("exec in a stopped VM: %v", err)
+	}
+	vt.mu.Lock()
+	n := len(vt.execs)
+	vt.mu.Unlock()
+	if n != 1 {
+		t.Errorf("%d execs registered, want only e1", n)
+	}
+	if len(f.fake.guest.Started()) != 0 {
+		t.Error("a refused exec reached the guest")
+	}
+}
+
+func TestExecCommandFailures(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.started()
+	for _, c := range []struct {
+		name   string
+		absent bool
+		code   uint32
+		msg    string
+	}{
+		{"missing", false, exitNotFound, "command not found"},
+		{"noagent", true, exitCannotExec, "install qemu-guest-agent"},
+	} {
+		f.fake.guest.SetAbsent(c.absent)
+		io := newExecStdio(t, false)
+		e, err := vt.addExec(context.Background(), c.name, io.stdio, processSpec(t, "nosuch"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		began := time.Now()
+		if _, err := e.start(context.Background()); err != nil {
+			t.Fatalf("%s: start: %v", c.name, err)
+		}
+		if st := waitExec(t, e); st != c.code {
+			t.Errorf("%s: exit status %d, want %d", c.name, st, c.code)
+		}
+		if took := time.Since(began); took > 2*time.Second {
+			t.Errorf("%s: took %v", c.name, took)
+		}
+		if _, errOut := io.output(t); !strings.Contains(errOut, c.msg) {
+			t.Errorf("%s: stderr %q does not say %q", c.name, errOut, c.msg)
+		}
+	}
+}
+
+func TestExecKill(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.started()
+	f.fake.guest.SetProgram("sleep", vmtest.Program{Polls: -1})
+	f.fake.guest.SetProgram("kill", vmtest.Program{})
+	ctx := context.Background()
+	e, err := vt.addExec(ctx, "e1", stdio{}, processSpec(t, "sleep", "1000"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := vt.deleteExec(e); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("delete of a running exec: %v", err)
+	}
+	if err := e.kill(ctx, uint32(unix.SIGKILL)); err != nil {
+		t.Fatal(err)
+	}
+	if st := waitExec(t, e); st != 137 {
+		t.Fatalf("killed exec: status %d", st)
+	}
+	if err := e.kill(ctx, uint32(unix.SIGKILL)); !errdefs.IsNotFound(err) {
+		t.Fatalf("kill of an ended exec: %v", err)
+	}
+	if n := f.fake.guest.Running(); n != 0 {
+		t.Fatalf("%d guest processes left unreported", n)
+	}
+	// A guest that cannot be reached still ends a SIGKILLed exec.
+	e2, _ := vt.addExec(ctx, "e2", stdio{}, processSpec(t, "sleep", "1000"))
+	if _, err := e2.start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.fake.guest.SetAbsent(true)
+	if err := e2.kill(ctx, uint32(unix.SIGKILL)); err != nil {
+		t.Fatal(err)
+	}
+	if st := waitExec(t, e2); st != 137 {
+		t.Fatalf("exec killed without an agent: status %d", st)
+	}
+}
+
+func TestExecEndsWithTheVM(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.started()
+	f.fake.guest.SetProgram("sleep", vmtest.Program{Polls: -1})
+	e, err := vt.addExec(context.Background(), "e1", stdio{}, processSpec(t, "sleep", "1000"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	f.fake.stop(vt.rec.Domain, vm.StopDestroyed)
+	if st := waitExec(t, e); st != 137 {
+		t.Fatalf("exec of a stopped VM: status %d", st)
+	}
+}
+
+func TestServiceExecCalls(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.started()
+	f.fake.guest.SetProgram("true", vmtest.Program{})
+	s := newTestService(t, &hostFake{})
+	s.tasks["vm1"] = vt
+	ctx := context.Background()
+	if _, err := s.Exec(ctx, &taskAPI.ExecProcessRequest{ID: "vm1", ExecID: "e1", Spec: processSpec(t, "true")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ResizePty(ctx, &taskAPI.ResizePtyRequest{ID: "vm1", ExecID: "e1", Width: 80, Height: 24}); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("resize of an exec: %v", err)
+	}
+	if _, err := s.ResizePty(ctx, &taskAPI.ResizePtyRequest{ID: "vm1", Width: 80, Height: 24}); err != nil {
+		t.Errorf("resize of the console: %v", err)
+	}
+	if _, err := s.Start(ctx, &taskAPI.StartRequest{ID: "vm1", ExecID: "e1"}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := s.Wait(ctx, &taskAPI.WaitRequest{ID: "vm1", ExecID: "e1"})
+	if err != nil || w.ExitStatus != 0 {
+		t.Fatalf("wait: %v, %v", w, err)
+	}
+	st, err := s.State(ctx, &taskAPI.StateRequest{ID: "vm1", ExecID: "e1"})
+	if err != nil || st.ID != "e1" || st.ExecID != "e1" {
+		t.Fatalf("state: %v, %v", st, err)
+	}
+	if _, err := s.Delete(ctx, &taskAPI.DeleteRequest{ID: "vm1", ExecID: "e1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.tasks["vm1"]; !ok {
+		t.Fatal("deleting the exec deleted the task")
+	}
+	if _, err := s.State(ctx, &taskAPI.StateRequest{ID: "vm1", ExecID: "e1"}); !errdefs.IsNotFound(err) {
+		t.Fatalf("state of a deleted exec: %v", err)
+	}
+}
+
+// A client whose stdin had already ended closes its FIFO end before the
+// shim opens its own (ctr task exec </dev/null): no writer ever comes, and
+// the exec runs with empty stdin instead of waiting forever.
+func TestExecStdinEndedBeforeStart(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.started()
+	f.fake.guest.SetProgram("cat", vmtest.Program{EchoInput: true})
+	io := newExecStdio(t, true)
+	io.stdin.Close()
+	e, err := vt.addExec(context.Background(), "e1", io.stdio, processSpec(t, "cat"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	if _, err := e.start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if st := waitExec(t, e); st != 0 {
+		t.Fatalf("exit status %d", st)
+	}
+	if took := time.Since(began); took > stdinConnect+time.Second {
+		t.Fatalf("an exec with an ended stdin took %v", took)
+	}
+	if got := f.fake.guest.Started(); len(got) != 1 || got[0].InputData != "" {
+		t.Fatalf("guest-exec %+v, want one with no input", got)
+	}
+}
