@@ -207,7 +207,7 @@ func (e *execProcess) start(ctx context.Context) (int, error) {
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	e.stop = cancel
 	e.setRunningLocked(e.guestPID)
-	go e.run(runCtx, fifos, startErr)
+	goSafe(ctx, "run an exec", func() { e.run(runCtx, fifos, startErr) })
 	return e.guestPID, nil
 }
 
@@ -225,7 +225,12 @@ func exitsWith(err error) bool {
 // one long-lived goroutine.
 func (e *execProcess) run(ctx context.Context, fifos execIO, startErr error) {
 	defer e.stop()
-	exit, err := e.execute(ctx, startErr)
+	var exit vm.Exit
+	var err error
+	// A bug here must still end the exec, or its Wait would never return.
+	if perr := callSafe(ctx, "run an exec", func() { exit, err = e.execute(ctx, startErr) }); perr != nil {
+		exit, err = vm.Exit{Code: exitCannotExec}, perr
+	}
 	if err != nil {
 		exit.Stderr = append(exit.Stderr, "containerd-shim-kvm-v1: "+err.Error()+"\n"...)
 	}
@@ -262,7 +267,7 @@ func (e *execProcess) execute(ctx context.Context, startErr error) (vm.Exit, err
 		sig := e.killSig
 		e.mu.Unlock()
 		if startErr == nil && sig != 0 {
-			go e.signal(ctx, sig)
+			goSafe(ctx, "signal an exec", func() { _ = e.signal(ctx, sig) })
 		}
 	}
 	switch {
@@ -463,10 +468,10 @@ const outputTimeout = 10 * time.Second
 // holding the exec.
 func (f execIO) deliver(ctx context.Context, exit vm.Exit) {
 	done := make(chan struct{})
-	go func() {
+	goSafe(ctx, "write an exec's output", func() {
 		defer close(done)
 		f.write(ctx, exit)
-	}()
+	})
 	select {
 	case <-done:
 	case <-time.After(outputTimeout):
