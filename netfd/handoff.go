@@ -35,7 +35,7 @@ func SocketPath(dir, domain string) string { return filepath.Join(dir, domain+".
 // Queues TAP queues, then its VhostFDs vhost-net descriptors (0 or Queues).
 type Grant struct {
 	QEMU string `json:"qemu"` // the real emulator to exec
-	NICs []NIC `json:"nics"`
+	NICs []NIC  `json:"nics"`
 }
 
 // NIC is one guest NIC: a pod interface's TAP behind a virtio-net device.
