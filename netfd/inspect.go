@@ -137,6 +137,7 @@ func inspectLink(h *netlink.Handle, l netlink.Link) (Interface, error) {
 	if err != nil {
 		return ifc, fmt.Errorf("list routes of %s: %w", a.Name, err)
 	}
+	ifc.Addrs = hostAddrsWithoutPrefixRoute(ifc.Addrs, routes)
 	for _, r := range routes {
 		if rt, ok := convertRoute(r, ifc.Addrs); ok {
 			ifc.Routes = append(ifc.Routes, rt)
@@ -154,6 +155,32 @@ func inspectLink(h *netlink.Handle, l netlink.Link) (Interface, error) {
 		return strings.Compare(x.Dst.String(), y.Dst.String())
 	})
 	return ifc, nil
+}
+
+// hostAddrsWithoutPrefixRoute turns an address whose prefix is not on-link
+// in the pod into a host address (/32, /128): ptp deletes the kernel's
+// prefix route and routes the prefix via its gateway instead. The guest's
+// kernel would add that prefix route back for the same address, and reach
+// the prefix's other addresses by ARP that nobody answers.
+func hostAddrsWithoutPrefixRoute(addrs []netip.Prefix, routes []netlink.Route) []netip.Prefix {
+	onLink := map[netip.Prefix]bool{}
+	for _, r := range routes {
+		if r.Dst == nil || len(r.Gw) != 0 {
+			continue
+		}
+		if ip, ok := netip.AddrFromSlice(r.Dst.IP); ok {
+			ones, _ := r.Dst.Mask.Size()
+			onLink[netip.PrefixFrom(ip.Unmap(), ones).Masked()] = true
+		}
+	}
+	out := make([]netip.Prefix, len(addrs))
+	for i, a := range addrs {
+		out[i] = a
+		if a.Bits() < a.Addr().BitLen() && !onLink[a.Masked()] {
+			out[i] = netip.PrefixFrom(a.Addr(), a.Addr().BitLen())
+		}
+	}
+	return out
 }
 
 // convertRoute turns a main-table route of the interface into the pod's

@@ -178,6 +178,18 @@ func TestInspectShapes(t *testing.T) {
 				&netlink.Route{Dst: ipNet("::/0"), Gw: net.ParseIP("fe80::ecee:eeff:feee:eeee")}),
 			addVeth(t, "net1", "02:00:00:00:00:02", []string{"192.168.1.2/24"},
 				&netlink.Route{Dst: ipNet("192.168.0.0/16"), Gw: net.ParseIP("192.168.1.1")}),
+			// ptp's shape: the prefix route replaced by one via the gateway.
+			addVeth(t, "net2", "02:00:00:00:00:03", []string{"192.168.2.2/24"}),
+			func(h *netlink.Handle) error {
+				l, _ := h.LinkByName("net2")
+				if err := h.RouteDel(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: ipNet("192.168.2.0/24"), Scope: netlink.SCOPE_LINK, Protocol: unix.RTPROT_KERNEL}); err != nil {
+					return fmt.Errorf("delete prefix route: %w", err)
+				}
+				if err := h.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: ipNet("192.168.2.1/32"), Scope: netlink.SCOPE_LINK}); err != nil {
+					return err
+				}
+				return h.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: ipNet("192.168.2.0/24"), Gw: net.ParseIP("192.168.2.1")})
+			},
 		}
 		for _, step := range steps {
 			if err := step(h); err != nil {
@@ -194,8 +206,8 @@ func TestInspectShapes(t *testing.T) {
 	for _, i := range pn.Interfaces {
 		names = append(names, i.Name)
 	}
-	if got := strings.Join(names, " "); got != "eth0 net1 net10" {
-		t.Fatalf("interfaces %q, want eth0 net1 net10", got)
+	if got := strings.Join(names, " "); got != "eth0 net1 net2 net10" {
+		t.Fatalf("interfaces %q, want eth0 net1 net2 net10", got)
 	}
 	eth0 := pn.Interfaces[0]
 	want := []Route{
@@ -212,8 +224,11 @@ func TestInspectShapes(t *testing.T) {
 	if r := pn.Interfaces[1].Routes; len(r) != 1 || r[0].Dst != netip.MustParsePrefix("192.168.0.0/16") {
 		t.Errorf("net1 routes %v", r)
 	}
-	if len(pn.Interfaces[2].Routes) != 0 {
-		t.Errorf("net10 routes %v, want none (its prefix route is the kernel's)", pn.Interfaces[2].Routes)
+	if ptp := pn.Interfaces[2]; len(ptp.Addrs) != 1 || ptp.Addrs[0] != netip.MustParsePrefix("192.168.2.2/32") || len(ptp.Routes) != 2 {
+		t.Errorf("net2 (ptp) %v %v, want 192.168.2.2/32 (its prefix is not on-link) with both routes", ptp.Addrs, ptp.Routes)
+	}
+	if len(pn.Interfaces[3].Routes) != 0 || pn.Interfaces[3].Addrs[0].Bits() != 24 {
+		t.Errorf("net10 %v routes %v, want its /24 and no route (its prefix route is the kernel's)", pn.Interfaces[3].Addrs, pn.Interfaces[3].Routes)
 	}
 	// The same network is the same; another address is a change.
 	again, err := Inspect(path)
