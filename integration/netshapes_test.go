@@ -52,6 +52,14 @@ type cniShape struct {
 
 func none(int) string { return "" }
 
+// canon writes an address as Go and ip print it (fd92:0::1 is fd92::1).
+func canon(addr string) string {
+	if a, err := netip.ParseAddr(addr); err == nil {
+		return a.String()
+	}
+	return addr
+}
+
 func ptpPlugin(k int, ipamDir string, v6 bool) string {
 	ranges := fmt.Sprintf(`[{"subnet": "10.91.%d.0/24"}]`, k)
 	routes := `{"dst": "0.0.0.0/0"}`
@@ -218,7 +226,7 @@ type hostTargets struct {
 func (c *containerd) startHostTargets(t *testing.T) hostTargets {
 	t.Helper()
 	k := c.flavourIndex()
-	ht := hostTargets{v4: fmt.Sprintf("10.98.%d.1", k), v6: fmt.Sprintf("fd98:%d::1", k)}
+	ht := hostTargets{v4: fmt.Sprintf("10.98.%d.1", k), v6: canon(fmt.Sprintf("fd98:%d::1", k))}
 	for _, a := range []string{ht.v4 + "/32", ht.v6 + "/128"} {
 		if out, err := exec.Command("ip", "addr", "add", a, "dev", "lo").CombinedOutput(); err != nil {
 			t.Fatalf("ip addr add %s dev lo: %v: %s", a, err, out)
@@ -412,7 +420,7 @@ func (c *containerd) checkShapeGuest(t *testing.T, shape cniShape, k int, v *pod
 	for _, gw := range []struct {
 		addr, line string
 		silent     bool
-	}{{shape.gw4(k), "KVM-GUEST-GW-", shape.gw4Silent}, {shape.gw6(k), "KVM-GUEST-GW6-", false}} {
+	}{{canon(shape.gw4(k)), "KVM-GUEST-GW-", shape.gw4Silent}, {canon(shape.gw6(k)), "KVM-GUEST-GW6-", false}} {
 		if gw.addr == "" {
 			continue
 		}
@@ -634,10 +642,10 @@ func (c *containerd) checkCloudShape(t *testing.T, cl *criClient, p *pod, shape 
 			}
 		}
 	}
-	if gw := shape.gw4(k); gw != "" && !contains(got["KVM-CLOUD-GW4"], gw) {
+	if gw := canon(shape.gw4(k)); gw != "" && !contains(got["KVM-CLOUD-GW4"], gw) {
 		t.Errorf("cloud guest IPv4 default gateways %q, want %s", got["KVM-CLOUD-GW4"], gw)
 	}
-	if gw := shape.gw6(k); gw != "" && !contains(got["KVM-CLOUD-GW6"], gw) {
+	if gw := canon(shape.gw6(k)); gw != "" && !contains(got["KVM-CLOUD-GW6"], gw) {
 		t.Errorf("cloud guest IPv6 default gateways %q, want %s", got["KVM-CLOUD-GW6"], gw)
 	}
 	for _, d := range shapeDNS.Servers {
