@@ -65,31 +65,7 @@ func podNetns(t *testing.T, setup func(h *netlink.Handle) error) string {
 // cniLike adds what a CNI plugin leaves: a veth eth0 (its peer in a
 // namespace of its own) with an address, up, and a default route.
 func cniLike(t *testing.T, name, mac string) func(h *netlink.Handle) error {
-	peerNS := podNetns(t, nil)
-	return func(h *netlink.Handle) error {
-		hw, _ := net.ParseMAC(mac)
-		peer, err := netns.GetFromPath(peerNS)
-		if err != nil {
-			return err
-		}
-		defer peer.Close()
-		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name, MTU: 1450, HardwareAddr: hw}, PeerName: "peer0", PeerNamespace: netlink.NsFd(peer)}
-		if err := h.LinkAdd(veth); err != nil {
-			return err
-		}
-		l, err := h.LinkByName(name)
-		if err != nil {
-			return err
-		}
-		addr, _ := netlink.ParseAddr("10.77.0.5/24")
-		if err := h.AddrAdd(l, addr); err != nil {
-			return err
-		}
-		if err := h.LinkSetUp(l); err != nil {
-			return err
-		}
-		return h.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.ParseIP("10.77.0.1")})
-	}
+	return addVeth(t, name, mac, []string{"10.77.0.5/24"}, &netlink.Route{Gw: net.ParseIP("10.77.0.1")})
 }
 
 func TestInspect(t *testing.T) {
@@ -114,8 +90,8 @@ func TestInspect(t *testing.T) {
 	}
 }
 
-// addVeth adds a veth name (peer in a namespace of its own, both up) with
-// mac and addrs, and the routes, to the namespace of h.
+// addVeth adds a veth name (MTU 1450, its peer in a namespace of its own)
+// with mac and addrs, up, and the routes, to the namespace of h.
 func addVeth(t *testing.T, name, mac string, addrs []string, routes ...*netlink.Route) func(h *netlink.Handle) error {
 	peerNS := podNetns(t, nil)
 	return func(h *netlink.Handle) error {
@@ -125,7 +101,7 @@ func addVeth(t *testing.T, name, mac string, addrs []string, routes ...*netlink.
 			return err
 		}
 		defer peer.Close()
-		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name, MTU: 1500, HardwareAddr: hw}, PeerName: "peer0", PeerNamespace: netlink.NsFd(peer)}
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name, MTU: 1450, HardwareAddr: hw}, PeerName: "peer0", PeerNamespace: netlink.NsFd(peer)}
 		if err := h.LinkAdd(veth); err != nil {
 			return err
 		}
