@@ -48,6 +48,13 @@ func render(inst Instance, network *Network, opts Options, seed []byte) ([]file,
 		return nil, fmt.Errorf("network: %w", err)
 	}
 	var files []file
+	if network != nil {
+		gn, err := renderGuestNetwork(network)
+		if err != nil {
+			return nil, fmt.Errorf("network: %w", err)
+		}
+		files = append(files, file{GuestNetworkFile, gn})
+	}
 	for _, v := range versions {
 		dir := "openstack/" + v + "/"
 		files = append(files,
@@ -134,7 +141,11 @@ func Build(ctx context.Context, dir, out string, inst Instance, network *Network
 		if err := run(ctx, env, "mkfs.vfat", "-n", Label, "-i", volumeID(inst.UUID), tmpName); err != nil {
 			return err
 		}
-		if err := run(ctx, env, "mcopy", "-s", "-Q", "-i", tmpName, filepath.Join(tree, "openstack"), "::/"); err != nil {
+		srcs := []string{filepath.Join(tree, "openstack")}
+		if network != nil {
+			srcs = append(srcs, filepath.Join(tree, filepath.Dir(GuestNetworkFile)))
+		}
+		if err := run(ctx, env, "mcopy", append([]string{"-s", "-Q", "-i", tmpName}, append(srcs, "::/")...)...); err != nil {
 			return err
 		}
 	case FormatISO9660:

@@ -161,14 +161,18 @@ func TestCloudInitReadsConfigDrive(t *testing.T) {
 }
 
 // netConvert runs `cloud-init devel net-convert` on the drive's
-// network_data.json and returns the files it wrote, by relative path.
-func netConvert(t *testing.T, networkData, outputKind string) map[string]string {
+// network_data.json and returns the files it wrote, by relative path. The
+// guest's NICs are eth0 (testMAC) and, when given, more "name,mac" pairs.
+func netConvert(t *testing.T, networkData, outputKind string, nics ...string) map[string]string {
 	t.Helper()
 	dir := t.TempDir()
-	cmd := exec.Command("cloud-init", "devel", "net-convert",
+	args := []string{"devel", "net-convert",
 		"--network-data", networkData, "--kind", "network_data.json",
-		"--output-kind", outputKind, "--distro", "debian",
-		"--mac", "eth0,"+testMAC, "--directory", dir)
+		"--output-kind", outputKind, "--distro", "debian", "--directory", dir}
+	for _, nic := range append([]string{"eth0," + testMAC}, nics...) {
+		args = append(args, "--mac", nic)
+	}
+	cmd := exec.Command("cloud-init", args...)
 	cmd.Env = append(os.Environ(), "LC_ALL=C.UTF-8")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("cloud-init devel net-convert --output-kind %s: %v\n%s", outputKind, err, out)

@@ -260,19 +260,19 @@ func TestRenderLayout(t *testing.T) {
 	for _, f := range files {
 		paths = append(paths, f.path)
 	}
-	want := "openstack/2018-08-27/meta_data.json openstack/2018-08-27/network_data.json openstack/2018-08-27/vendor_data.json openstack/2018-08-27/user_data " +
+	want := "kvm/network openstack/2018-08-27/meta_data.json openstack/2018-08-27/network_data.json openstack/2018-08-27/vendor_data.json openstack/2018-08-27/user_data " +
 		"openstack/latest/meta_data.json openstack/latest/network_data.json openstack/latest/vendor_data.json openstack/latest/user_data"
 	if got := strings.Join(paths, " "); got != want {
 		t.Errorf("files = %s\nwant    %s", got, want)
 	}
-	// No user-data, no user_data file.
+	// No user-data, no user_data file; no network, no kvm/network.
 	files, err = render(testInstance(), nil, Options{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range files {
-		if strings.HasSuffix(f.path, "user_data") {
-			t.Errorf("%s written without user-data", f.path)
+		if strings.HasSuffix(f.path, "user_data") || f.path == GuestNetworkFile {
+			t.Errorf("%s written without user-data or network", f.path)
 		}
 	}
 }

@@ -13,6 +13,7 @@
 //	openstack/2018-08-27/vendor_data.json
 //	openstack/2018-08-27/user_data          (only when user-data was given)
 //	openstack/latest/...                    (the same four files)
+//	kvm/network                             (only with a network: GuestNetworkFile)
 //
 // FormatVFAT (the default, and the one Windows needs) is a 64 MiB sparse
 // FAT image made like nova makes it: `mkfs.vfat -n config-2` then
@@ -33,8 +34,9 @@
 // Instance carries what the shim knows of the VM (StableUUID gives the
 // per-VM uuid: the same pod uid and container name always give the same
 // uuid, so cloud-init sees the same instance across restarts). Network
-// models nova's network_data.json; NewNetwork builds it from the pod
-// interface's MAC, MTU, addresses, routes and DNS servers, and
+// models nova's network_data.json; NewNetwork builds it from a pod
+// interface's MAC, MTU, addresses, routes and DNS servers, AddLink adds
+// the next interface (link ids interface0, interface1, ... in order), and
 // ParseResolvConf reads the servers and search domains from the pod's
 // resolv.conf. Options carries what the pod's user asked for;
 // FromAnnotations reads it from the pod annotations below and enforces
@@ -92,7 +94,13 @@
 // or "ipv6", ip_address, netmask, routes with network/netmask/gateway, link,
 // network_id, services) and services (type "dns", address). The one
 // addition is "search" on the first dns service (Network.Search), which
-// cloud-init turns into search domains and other readers ignore.
+// cloud-init turns into search domains and other readers ignore. A route
+// via 0.0.0.0 or :: is on-link: cloud-init renders it without a gateway,
+// which is how a /32 pod reaches a gateway outside its prefix.
+//
+// kvm/network carries the same network as lines a shell reads without a
+// JSON parser, for guests without cloud-init (renderGuestNetwork has the
+// format).
 //
 // # Proofs
 //

@@ -54,37 +54,52 @@ type Net struct {
 	NetworkID string
 }
 
-// Route is a route in a Net.
+// Route is a route in a Net. A Gateway of 0.0.0.0 or :: makes it on-link.
 type Route struct {
 	Dst     netip.Prefix
 	Gateway netip.Addr
 }
 
 // NewNetwork builds a one-link Network: the NIC with mac and mtu (0: not
-// given), one static Net per address, each route on the Net of the same
-// family whose subnet holds its gateway (else the first of that family),
-// and dns as the DNS servers (set Search afterwards for search domains).
-// Errors wrap errdefs.ErrInvalidArgument.
+// given), its addresses and routes (see AddLink), and dns as the DNS
+// servers (set Search afterwards for search domains). Errors wrap
+// errdefs.ErrInvalidArgument.
 func NewNetwork(mac net.HardwareAddr, mtu int, addrs []netip.Prefix, routes []Route, dns []netip.Addr) (*Network, error) {
+	n := &Network{DNS: append([]netip.Addr(nil), dns...)}
+	if err := n.AddLink(mac, mtu, addrs, routes); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// AddLink adds the next guest NIC (link ids "interface0", "interface1",
+// ... in the order added, so the same pod gives the same ids) with mac and
+// mtu (0: not given): one static Net per address, and each route on the
+// Net of the same family whose subnet holds its gateway, else on the first
+// Net of that family. A route whose gateway is the unspecified address
+// (0.0.0.0 or ::) is on-link: cloud-init renders it as a route without
+// gateway, which the guest's kernel gives link scope. That is how a /32
+// pod reaches a gateway outside its prefix (Calico's 169.254.1.1, Cilium's
+// cilium_host address). Errors wrap errdefs.ErrInvalidArgument.
+func (n *Network) AddLink(mac net.HardwareAddr, mtu int, addrs []netip.Prefix, routes []Route) error {
 	if len(mac) != 6 {
-		return nil, fmt.Errorf("MAC address %q is not a 6-byte Ethernet address: %w", mac, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("MAC address %q is not a 6-byte Ethernet address: %w", mac, errdefs.ErrInvalidArgument)
 	}
 	if mtu < 0 || mtu > 65535 {
-		return nil, fmt.Errorf("MTU %d out of range: %w", mtu, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("MTU %d out of range: %w", mtu, errdefs.ErrInvalidArgument)
 	}
-	n := &Network{
-		Links: []Link{{ID: "interface0", Type: "phy", MAC: mac, MTU: mtu}},
-		DNS:   append([]netip.Addr(nil), dns...),
-	}
-	for i, a := range addrs {
-		n.Networks = append(n.Networks, Net{ID: fmt.Sprintf("network%d", i), Link: "interface0", Address: a})
+	link := Link{ID: fmt.Sprintf("interface%d", len(n.Links)), Type: "phy", MAC: mac, MTU: mtu}
+	var nets []Net
+	for _, a := range addrs {
+		nets = append(nets, Net{ID: fmt.Sprintf("network%d", len(n.Networks)+len(nets)), Link: link.ID, Address: a})
 	}
 	for _, r := range routes {
 		if !r.Dst.IsValid() || !r.Gateway.IsValid() {
-			return nil, fmt.Errorf("route %v via %v: destination and gateway are required: %w", r.Dst, r.Gateway, errdefs.ErrInvalidArgument)
+			return fmt.Errorf("route %v via %v on %s: destination and gateway are required (the unspecified address for on-link): %w",
+				r.Dst, r.Gateway, mac, errdefs.ErrInvalidArgument)
 		}
 		best := -1
-		for i, nt := range n.Networks {
+		for i, nt := range nets {
 			if nt.Address.Addr().Is4() != r.Gateway.Is4() {
 				continue
 			}
@@ -97,20 +112,28 @@ func NewNetwork(mac net.HardwareAddr, mtu int, addrs []netip.Prefix, routes []Ro
 			}
 		}
 		if best < 0 {
-			return nil, fmt.Errorf("route %v via %v: no address of the gateway's family: %w", r.Dst, r.Gateway, errdefs.ErrInvalidArgument)
+			return fmt.Errorf("route %v via %v on %s: the link has no address of the route's family: %w", r.Dst, r.Gateway, mac, errdefs.ErrInvalidArgument)
 		}
-		n.Networks[best].Routes = append(n.Networks[best].Routes, r)
+		nets[best].Routes = append(nets[best].Routes, r)
 	}
+	n.Links = append(n.Links, link)
+	n.Networks = append(n.Networks, nets...)
 	if err := n.validate(); err != nil {
-		return nil, err
+		n.Links, n.Networks = n.Links[:len(n.Links)-1], n.Networks[:len(n.Networks)-len(nets)]
+		return err
 	}
-	return n, nil
+	return nil
 }
 
 // validate checks what rendering relies on.
 func (n *Network) validate() error {
 	links := map[string]bool{}
+	macs := map[string]string{}
 	for _, l := range n.Links {
+		if other, dup := macs[l.MAC.String()]; dup {
+			return fmt.Errorf("links %s and %s have the same MAC %s: the guest could not tell its NICs apart: %w", other, l.ID, l.MAC, errdefs.ErrInvalidArgument)
+		}
+		macs[l.MAC.String()] = l.ID
 		if l.ID == "" {
 			return fmt.Errorf("link with empty id: %w", errdefs.ErrInvalidArgument)
 		}

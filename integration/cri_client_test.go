@@ -52,6 +52,12 @@ type pod struct {
 // directory lives in this containerd's directory.
 func (c *containerd) runPod(t *testing.T, cl *criClient, name, handler string, annotations map[string]string) *pod {
 	t.Helper()
+	return c.runPodWith(t, cl, name, handler, annotations, nil)
+}
+
+// runPodWith is runPod with the pod's DNS configuration (nil: the host's).
+func (c *containerd) runPodWith(t *testing.T, cl *criClient, name, handler string, annotations map[string]string, dns *cri.DNSConfig) *pod {
+	t.Helper()
 	uid := fmt.Sprintf("%s-%d", name, time.Now().UnixNano())
 	logDir := filepath.Join(c.Dir, "pods", uid)
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
@@ -63,6 +69,7 @@ func (c *containerd) runPod(t *testing.T, cl *criClient, name, handler string, a
 		LogDirectory: logDir,
 		Labels:       map[string]string{"app": name},
 		Annotations:  annotations,
+		DnsConfig:    dns,
 		Linux:        &cri.LinuxPodSandboxConfig{},
 	}
 	ctx, cancel := criCtx()

@@ -37,6 +37,11 @@ type testSuite struct {
 	shimErr error            // why the shim could not be built, if it could not
 	images  map[string]image // archives found, by short name
 
+	// cniBinDir is the containerds' CNI plugin dir: Debian's plugins and
+	// hack/cni-shape; cniErr says why it could not be made.
+	cniBinDir string
+	cniErr    error
+
 	flavours []*containerd
 }
 
@@ -109,6 +114,10 @@ func newSuite() (*testSuite, error) {
 		s.shimErr = errors.Join(s.shimErr,
 			fmt.Errorf("go build ./cmd/kvm-qemu-wrapper failed (its output is at the start of the run): %v", err))
 	}
+	if out, err := s.buildCNIBin(); err != nil {
+		fmt.Fprintf(os.Stderr, "integration: building the test CNI plugin failed; network shape tests will fail:\n%s\n", out)
+		s.cniErr = fmt.Errorf("CNI bin dir with hack/cni-shape: %v", err)
+	}
 	var missing []string
 	if s.images, missing, err = findImages(s.imagesDir); err != nil {
 		return s, err
@@ -125,7 +134,7 @@ func newSuite() (*testSuite, error) {
 			return s, fmt.Errorf("KVM_IT_FLAVOURS: %v", err)
 		}
 		n := networks[f.Name]
-		c, err := startContainerd(s, f, testenv.Options{Bridge: n.bridge, Subnet: n.subnet})
+		c, err := startContainerd(s, f, testenv.Options{Bridge: n.bridge, Subnet: n.subnet, CNIBinDir: s.cniBinDir})
 		if c != nil {
 			s.flavours = append(s.flavours, c)
 		}
@@ -164,6 +173,28 @@ func (s *testSuite) buildWrapper() (output []byte, err error) {
 	cmd := exec.Command("go", "build", "-o", s.wrapper, "./cmd/kvm-qemu-wrapper")
 	cmd.Dir = s.repo
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	return cmd.CombinedOutput()
+}
+
+// buildCNIBin makes the CNI plugin dir of the suite's containerds: every
+// plugin of Debian's containernetworking-plugins (linked) and the test
+// plugin hack/cni-shape, built from the current tree.
+func (s *testSuite) buildCNIBin() (output []byte, err error) {
+	s.cniBinDir = filepath.Join(s.tmp, "cni-bin")
+	if err := os.MkdirAll(s.cniBinDir, 0o755); err != nil {
+		return nil, err
+	}
+	plugins, err := os.ReadDir(testenv.DefaultCNIBinDir)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range plugins {
+		if err := os.Symlink(filepath.Join(testenv.DefaultCNIBinDir, p.Name()), filepath.Join(s.cniBinDir, p.Name())); err != nil {
+			return nil, err
+		}
+	}
+	cmd := exec.Command("go", "build", "-o", filepath.Join(s.cniBinDir, "kvm-cni-shape"), "./hack/cni-shape")
+	cmd.Dir = s.repo
 	return cmd.CombinedOutput()
 }
 

@@ -23,14 +23,23 @@ import (
 // connects by the domain name it finds in its own command line.
 const SocketDir = "/run/containerd-shim-kvm-v1/netfd"
 
+// MaxDescriptors is how many descriptors one grant may carry: the
+// kernel's limit for one SCM_RIGHTS message (SCM_MAX_FD).
+const MaxDescriptors = 253
+
 // SocketPath is where the shim serves the descriptors of a domain.
 func SocketPath(dir, domain string) string { return filepath.Join(dir, domain+".sock") }
 
 // Grant is sent with the descriptors: what the wrapper appends to QEMU's
-// command line. The descriptors follow in order: Queues TAP queues, then
-// VhostFDs vhost-net descriptors (0 or Queues).
+// command line. The descriptors follow NIC by NIC, in order: that NIC's
+// Queues TAP queues, then its VhostFDs vhost-net descriptors (0 or Queues).
 type Grant struct {
-	QEMU     string `json:"qemu"` // the real emulator to exec
+	QEMU string `json:"qemu"` // the real emulator to exec
+	NICs []NIC  `json:"nics"`
+}
+
+// NIC is one guest NIC: a pod interface's TAP behind a virtio-net device.
+type NIC struct {
 	NetdevID string `json:"netdevID"`
 	MAC      string `json:"mac"`
 	Queues   int    `json:"queues"`
@@ -39,15 +48,34 @@ type Grant struct {
 	Addr     string `json:"addr"` // a PCI slot libvirt leaves free, e.g. 0x10
 }
 
-// QEMUArgs returns the -netdev and -device arguments for the received
-// descriptor numbers.
-func (g Grant) QEMUArgs(tapFDs, vhostFDs []int) []string {
-	netdev := []string{"tap", "id=" + g.NetdevID, "fds=" + joinInts(tapFDs)}
+// descriptors is how many descriptors the grant carries.
+func (g Grant) descriptors() int {
+	n := 0
+	for _, nic := range g.NICs {
+		n += nic.Queues + nic.VhostFDs
+	}
+	return n
+}
+
+// QEMUArgs returns the -netdev and -device arguments of every NIC for
+// the received descriptor numbers (in the grant's order).
+func (g Grant) QEMUArgs(fds []int) []string {
+	var args []string
+	for _, nic := range g.NICs {
+		tap, vhost := fds[:nic.Queues], fds[nic.Queues:nic.Queues+nic.VhostFDs]
+		fds = fds[nic.Queues+nic.VhostFDs:]
+		args = append(args, nic.qemuArgs(tap, vhost)...)
+	}
+	return args
+}
+
+func (nic NIC) qemuArgs(tapFDs, vhostFDs []int) []string {
+	netdev := []string{"tap", "id=" + nic.NetdevID, "fds=" + joinInts(tapFDs)}
 	if len(vhostFDs) > 0 {
 		netdev = append(netdev, "vhost=on", "vhostfds="+joinInts(vhostFDs))
 	}
-	dev := []string{"virtio-net-pci", "netdev=" + g.NetdevID, "id=" + g.NetdevID + "-dev", "mac=" + g.MAC,
-		"bus=" + g.Bus, "addr=" + g.Addr}
+	dev := []string{"virtio-net-pci", "netdev=" + nic.NetdevID, "id=" + nic.NetdevID + "-dev", "mac=" + nic.MAC,
+		"bus=" + nic.Bus, "addr=" + nic.Addr}
 	if len(tapFDs) > 1 {
 		// Two vectors per queue pair plus config and control.
 		dev = append(dev, "mq=on", "vectors="+strconv.Itoa(2*len(tapFDs)+2))
@@ -63,9 +91,22 @@ func joinInts(v []int) string {
 	return strings.Join(s, ":")
 }
 
-// Provider opens the descriptors for one connection of the VM's wrapper.
-// The server closes them once sent.
-type Provider func() (g Grant, tap, vhost []*os.File, err error)
+// NICFiles are the descriptors of one NIC: its TAP queues and, with
+// vhost-net, one vhost descriptor per queue.
+type NICFiles struct {
+	TAP, Vhost []*os.File
+}
+
+// Close closes all of them.
+func (f NICFiles) Close() {
+	closeFiles(f.TAP)
+	closeFiles(f.Vhost)
+}
+
+// Provider opens the descriptors for one connection of the VM's wrapper,
+// one NICFiles per NIC of the grant, in its order. The server closes them
+// once sent.
+type Provider func() (g Grant, files []NICFiles, err error)
 
 // Server hands a VM's network descriptors to that VM's emulator wrapper,
 // and to nobody else: the peer must run as the QEMU user, be the process
@@ -151,20 +192,31 @@ func (s *Server) serve(c *net.UnixConn) error {
 	if err := s.authorize(c); err != nil {
 		return err
 	}
-	g, tap, vhost, err := s.provide()
+	g, files, err := s.provide()
 	if err != nil {
 		return err
 	}
-	defer closeFiles(tap)
-	defer closeFiles(vhost)
-	g.Queues, g.VhostFDs = len(tap), len(vhost)
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	if len(files) != len(g.NICs) {
+		return fmt.Errorf("descriptors for %d NICs, the grant has %d", len(files), len(g.NICs))
+	}
+	var fds []int
+	for i, f := range files {
+		g.NICs[i].Queues, g.NICs[i].VhostFDs = len(f.TAP), len(f.Vhost)
+		for _, file := range append(append([]*os.File{}, f.TAP...), f.Vhost...) {
+			fds = append(fds, int(file.Fd()))
+		}
+	}
+	if len(fds) > MaxDescriptors {
+		return fmt.Errorf("%d descriptors for %d NICs; one message carries at most %d", len(fds), len(files), MaxDescriptors)
+	}
 	hdr, err := json.Marshal(g)
 	if err != nil {
 		return err
-	}
-	var fds []int
-	for _, f := range append(append([]*os.File{}, tap...), vhost...) {
-		fds = append(fds, int(f.Fd()))
 	}
 	if _, _, err := c.WriteMsgUnix(hdr, unix.UnixRights(fds...), nil); err != nil {
 		return fmt.Errorf("send descriptors: %w", err)
@@ -257,48 +309,62 @@ func DomainFromArgs(args []string) string {
 }
 
 // Fetch is the wrapper's side: it connects to the domain's socket and
-// receives the grant and the descriptors, made inheritable for exec.
-func Fetch(path string) (Grant, []int, []int, error) {
+// receives the grant and the descriptors (in the grant's order), made
+// inheritable for exec.
+func Fetch(path string) (Grant, []int, error) {
 	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
-		return Grant{}, nil, nil, fmt.Errorf("connect to %s: %w", path, err)
+		return Grant{}, nil, fmt.Errorf("connect to %s: %w", path, err)
 	}
 	defer c.Close()
 	// Only the shim (root) hands out descriptors and names the emulator.
 	if cred, err := peerCred(c); err != nil {
-		return Grant{}, nil, nil, fmt.Errorf("%s: %w", path, err)
+		return Grant{}, nil, fmt.Errorf("%s: %w", path, err)
 	} else if cred.Uid != 0 {
-		return Grant{}, nil, nil, fmt.Errorf("%s is served by uid %d, not root", path, cred.Uid)
+		return Grant{}, nil, fmt.Errorf("%s is served by uid %d, not root", path, cred.Uid)
 	}
 	buf := make([]byte, 4096)
-	oob := make([]byte, unix.CmsgSpace(4*64))
+	oob := make([]byte, unix.CmsgSpace(4*MaxDescriptors))
 	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
 	if err != nil {
-		return Grant{}, nil, nil, fmt.Errorf("receive descriptors: %w", err)
+		return Grant{}, nil, fmt.Errorf("receive descriptors: %w", err)
 	}
 	var fds []int
 	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
 	if err != nil {
-		return Grant{}, nil, nil, fmt.Errorf("parse descriptors: %w", err)
+		return Grant{}, nil, fmt.Errorf("parse descriptors: %w", err)
 	}
 	for _, m := range msgs {
 		got, err := unix.ParseUnixRights(&m)
 		if err != nil {
-			return Grant{}, nil, nil, fmt.Errorf("parse descriptors: %w", err)
+			return Grant{}, nil, fmt.Errorf("parse descriptors: %w", err)
 		}
 		fds = append(fds, got...)
 	}
 	var g Grant
 	if err := json.Unmarshal(buf[:n], &g); err != nil {
-		return Grant{}, nil, nil, fmt.Errorf("parse grant: %w", err)
+		return Grant{}, nil, fmt.Errorf("parse grant: %w", err)
 	}
-	if g.Queues < 1 || len(fds) != g.Queues+g.VhostFDs {
-		return Grant{}, nil, nil, fmt.Errorf("got %d descriptors for %d queues and %d vhost", len(fds), g.Queues, g.VhostFDs)
+	for _, nic := range g.NICs {
+		if nic.Queues < 1 || (nic.VhostFDs != 0 && nic.VhostFDs != nic.Queues) {
+			closeFDs(fds)
+			return Grant{}, nil, fmt.Errorf("NIC %s: %d queues and %d vhost descriptors", nic.NetdevID, nic.Queues, nic.VhostFDs)
+		}
+	}
+	if len(g.NICs) == 0 || len(fds) != g.descriptors() {
+		closeFDs(fds)
+		return Grant{}, nil, fmt.Errorf("got %d descriptors for %d NICs that need %d", len(fds), len(g.NICs), g.descriptors())
 	}
 	for _, fd := range fds {
 		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, 0); err != nil {
-			return Grant{}, nil, nil, fmt.Errorf("make descriptor %d inheritable: %w", fd, err)
+			return Grant{}, nil, fmt.Errorf("make descriptor %d inheritable: %w", fd, err)
 		}
 	}
-	return g, fds[:g.Queues], fds[g.Queues:], nil
+	return g, fds, nil
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
 }

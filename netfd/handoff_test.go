@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -30,17 +31,18 @@ func TestFetchChild(t *testing.T) {
 			return
 		}
 	}
-	g, tap, vhost, err := Fetch(sock)
+	g, fds, err := Fetch(sock)
 	if err != nil {
 		fmt.Printf("FETCH-ERROR %v\n", err)
 		return
 	}
 	inheritable := true
-	for _, fd := range append(tap, vhost...) {
+	for _, fd := range fds {
 		flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
 		inheritable = inheritable && err == nil && flags&unix.FD_CLOEXEC == 0
 	}
-	b, _ := json.Marshal(map[string]any{"grant": g, "tap": len(tap), "vhost": len(vhost), "inheritable": inheritable})
+	b, _ := json.Marshal(map[string]any{"grant": g, "fds": len(fds), "inheritable": inheritable, "nics": len(g.NICs),
+		"args": strings.Join(g.QEMUArgs(fds), " ")})
 	fmt.Printf("FETCH-OK %s\n", b)
 }
 
@@ -65,16 +67,24 @@ func TestHandoff(t *testing.T) {
 		t.Skip("needs root to chown the socket")
 	}
 	dir := filepath.Join(t.TempDir(), "netfd")
-	provide := func() (Grant, []*os.File, []*os.File, error) {
-		var tap []*os.File
-		for i := 0; i < 2; i++ {
-			f, err := os.CreateTemp(t.TempDir(), "q")
-			if err != nil {
-				return Grant{}, nil, nil, err
+	// Two NICs: eth0 with two queues, net1 with one.
+	provide := func() (Grant, []NICFiles, error) {
+		var files []NICFiles
+		for _, queues := range []int{2, 1} {
+			var tap []*os.File
+			for i := 0; i < queues; i++ {
+				f, err := os.CreateTemp(t.TempDir(), "q")
+				if err != nil {
+					return Grant{}, nil, err
+				}
+				tap = append(tap, f)
 			}
-			tap = append(tap, f)
+			files = append(files, NICFiles{TAP: tap})
 		}
-		return Grant{NetdevID: "kvmnet0", MAC: "02:00:00:00:00:01", Bus: "pcie.0", Addr: "0x10"}, tap, nil, nil
+		return Grant{NICs: []NIC{
+			{NetdevID: "kvmnet0", MAC: "02:00:00:00:00:01", Bus: "pcie.0", Addr: "0x10"},
+			{NetdevID: "kvmnet1", MAC: "02:00:00:00:00:02", Bus: "pcie.0", Addr: "0x11"},
+		}}, files, nil
 	}
 	pidDir := t.TempDir()
 	pidFile := filepath.Join(pidDir, "dom1.pid")
@@ -90,7 +100,9 @@ func TestHandoff(t *testing.T) {
 	}
 
 	got := runFetchChild(t, SocketPath(dir, "dom1"), "guest=dom1,debug-threads=on", pidFile)
-	if !strings.HasPrefix(got, "FETCH-OK") || !strings.Contains(got, `"tap":2`) || !strings.Contains(got, `"inheritable":true`) {
+	if !strings.HasPrefix(got, "FETCH-OK") || !strings.Contains(got, `"fds":3`) || !strings.Contains(got, `"nics":2`) || !strings.Contains(got, `"inheritable":true`) ||
+		!regexp.MustCompile(`-netdev tap,id=kvmnet0,fds=\d+:\d+ -device virtio-net-pci,netdev=kvmnet0,id=kvmnet0-dev,mac=02:00:00:00:00:01,bus=pcie.0,addr=0x10,mq=on,vectors=6 `+
+			`-netdev tap,id=kvmnet1,fds=\d+ -device virtio-net-pci,netdev=kvmnet1,id=kvmnet1-dev,mac=02:00:00:00:00:02,bus=pcie.0,addr=0x11"`).MatchString(got) {
 		t.Errorf("the VM's own wrapper: %s", got)
 	}
 	// Another VM's process (same QEMU user) gets nothing.
@@ -133,9 +145,9 @@ func TestHandoffChecksLibvirtPid(t *testing.T) {
 				}
 			}
 			dir := filepath.Join(t.TempDir(), "netfd")
-			s, err := Serve(context.Background(), dir, "dom1", 0, 0, pidDir, func() (Grant, []*os.File, []*os.File, error) {
+			s, err := Serve(context.Background(), dir, "dom1", 0, 0, pidDir, func() (Grant, []NICFiles, error) {
 				t.Error("descriptors provided to a process libvirt did not start")
-				return Grant{}, nil, nil, fmt.Errorf("no")
+				return Grant{}, nil, fmt.Errorf("no")
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -207,7 +219,7 @@ func TestFetchRefusesNonRoot(t *testing.T) {
 	if !strings.HasPrefix(line, "SERVE-READY") {
 		t.Fatalf("server as uid 65534: %q %v", line, err)
 	}
-	_, _, _, err = Fetch(sock)
+	_, _, err = Fetch(sock)
 	if err == nil || !strings.Contains(err.Error(), "uid 65534, not root") {
 		t.Errorf("Fetch from a server of uid 65534: %v", err)
 	}

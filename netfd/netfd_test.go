@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 var nsCount int
@@ -64,6 +65,34 @@ func podNetns(t *testing.T, setup func(h *netlink.Handle) error) string {
 // cniLike adds what a CNI plugin leaves: a veth eth0 (its peer in a
 // namespace of its own) with an address, up, and a default route.
 func cniLike(t *testing.T, name, mac string) func(h *netlink.Handle) error {
+	return addVeth(t, name, mac, []string{"10.77.0.5/24"}, &netlink.Route{Gw: net.ParseIP("10.77.0.1")})
+}
+
+func TestInspect(t *testing.T) {
+	path := podNetns(t, cniLike(t, "eth0", "02:42:0a:4d:00:05"))
+	pn, err := Inspect(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pn.Interfaces) != 1 {
+		t.Fatalf("got %+v", pn)
+	}
+	ifc := pn.Interfaces[0]
+	if ifc.Name != "eth0" || ifc.MAC.String() != "02:42:0a:4d:00:05" || ifc.MTU != 1450 {
+		t.Errorf("got %+v", ifc)
+	}
+	if len(ifc.Addrs) != 1 || ifc.Addrs[0] != netip.MustParsePrefix("10.77.0.5/24") {
+		t.Errorf("addrs %v", ifc.Addrs)
+	}
+	// The kernel's prefix route 10.77.0.0/24 is left to the guest's kernel.
+	if gw, ok := ifc.DefaultGateway(true); !ok || gw != netip.MustParseAddr("10.77.0.1") || len(ifc.Routes) != 1 {
+		t.Errorf("gateway %v %v (routes %v)", gw, ok, ifc.Routes)
+	}
+}
+
+// addVeth adds a veth name (MTU 1450, its peer in a namespace of its own)
+// with mac and addrs, up, and the routes, to the namespace of h.
+func addVeth(t *testing.T, name, mac string, addrs []string, routes ...*netlink.Route) func(h *netlink.Handle) error {
 	peerNS := podNetns(t, nil)
 	return func(h *netlink.Handle) error {
 		hw, _ := net.ParseMAC(mac)
@@ -80,31 +109,121 @@ func cniLike(t *testing.T, name, mac string) func(h *netlink.Handle) error {
 		if err != nil {
 			return err
 		}
-		addr, _ := netlink.ParseAddr("10.77.0.5/24")
-		if err := h.AddrAdd(l, addr); err != nil {
-			return err
+		for _, a := range addrs {
+			addr, err := netlink.ParseAddr(a)
+			if err != nil {
+				return err
+			}
+			addr.Flags = unix.IFA_F_NODAD
+			if err := h.AddrAdd(l, addr); err != nil {
+				return fmt.Errorf("add %s: %w", a, err)
+			}
 		}
 		if err := h.LinkSetUp(l); err != nil {
 			return err
 		}
-		return h.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.ParseIP("10.77.0.1")})
+		for _, r := range routes {
+			r.LinkIndex = l.Attrs().Index
+			if err := h.RouteAdd(r); err != nil {
+				return fmt.Errorf("add route %v: %w", r, err)
+			}
+		}
+		return nil
 	}
 }
 
-func TestInspect(t *testing.T) {
-	path := podNetns(t, cniLike(t, "eth0", "02:42:0a:4d:00:05"))
+func ipNet(s string) *net.IPNet {
+	_, n, err := net.ParseCIDR(s)
+	if err != nil {
+		panic(err)
+	}
+	return n
+}
+
+// Calico's shape (a /32 and a /128, an on-link route to 169.254.1.1, the
+// default routes via it and via a link-local IPv6 gateway) on eth0, and
+// Multus-style net1 and net10 with addresses of their own: Inspect keeps
+// interface order and every route the guest needs.
+func TestInspectShapes(t *testing.T) {
+	path := podNetns(t, func(h *netlink.Handle) error {
+		steps := []func(h *netlink.Handle) error{
+			addVeth(t, "net10", "02:00:00:00:00:0a", []string{"192.168.10.2/24"}),
+			addVeth(t, "eth0", "02:00:00:00:00:01", []string{"10.77.0.5/32", "fd00:77::5/128"},
+				&netlink.Route{Dst: ipNet("169.254.1.1/32"), Scope: netlink.SCOPE_LINK},
+				&netlink.Route{Gw: net.ParseIP("169.254.1.1")},
+				&netlink.Route{Dst: ipNet("::/0"), Gw: net.ParseIP("fe80::ecee:eeff:feee:eeee")}),
+			addVeth(t, "net1", "02:00:00:00:00:02", []string{"192.168.1.2/24"},
+				&netlink.Route{Dst: ipNet("192.168.0.0/16"), Gw: net.ParseIP("192.168.1.1")}),
+			// ptp's shape: the prefix route replaced by one via the gateway.
+			addVeth(t, "net2", "02:00:00:00:00:03", []string{"192.168.2.2/24"}),
+			func(h *netlink.Handle) error {
+				l, _ := h.LinkByName("net2")
+				if err := h.RouteDel(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: ipNet("192.168.2.0/24"), Scope: netlink.SCOPE_LINK, Protocol: unix.RTPROT_KERNEL}); err != nil {
+					return fmt.Errorf("delete prefix route: %w", err)
+				}
+				if err := h.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: ipNet("192.168.2.1/32"), Scope: netlink.SCOPE_LINK}); err != nil {
+					return err
+				}
+				return h.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: ipNet("192.168.2.0/24"), Gw: net.ParseIP("192.168.2.1")})
+			},
+		}
+		for _, step := range steps {
+			if err := step(h); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 	pn, err := Inspect(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pn.Interface != "eth0" || pn.MAC.String() != "02:42:0a:4d:00:05" || pn.MTU != 1450 {
-		t.Errorf("got %+v", pn)
+	var names []string
+	for _, i := range pn.Interfaces {
+		names = append(names, i.Name)
 	}
-	if len(pn.Addrs) != 1 || pn.Addrs[0] != netip.MustParsePrefix("10.77.0.5/24") {
-		t.Errorf("addrs %v", pn.Addrs)
+	if got := strings.Join(names, " "); got != "eth0 net1 net2 net10" {
+		t.Fatalf("interfaces %q, want eth0 net1 net2 net10", got)
 	}
-	if gw, ok := pn.Gateway(); !ok || gw != netip.MustParseAddr("10.77.0.1") {
-		t.Errorf("gateway %v %v (routes %v)", gw, ok, pn.Routes)
+	eth0 := pn.Interfaces[0]
+	want := []Route{
+		{Dst: netip.MustParsePrefix("169.254.1.1/32")},
+		{Dst: netip.MustParsePrefix("0.0.0.0/0"), Gateway: netip.MustParseAddr("169.254.1.1")},
+		{Dst: netip.MustParsePrefix("::/0"), Gateway: netip.MustParseAddr("fe80::ecee:eeff:feee:eeee")},
+	}
+	if !slices.Equal(eth0.Routes, want) {
+		t.Errorf("eth0 routes %v, want %v", eth0.Routes, want)
+	}
+	if !slices.Equal(eth0.Addrs, []netip.Prefix{netip.MustParsePrefix("10.77.0.5/32"), netip.MustParsePrefix("fd00:77::5/128")}) {
+		t.Errorf("eth0 addrs %v", eth0.Addrs)
+	}
+	if r := pn.Interfaces[1].Routes; len(r) != 1 || r[0].Dst != netip.MustParsePrefix("192.168.0.0/16") {
+		t.Errorf("net1 routes %v", r)
+	}
+	if ptp := pn.Interfaces[2]; len(ptp.Addrs) != 1 || ptp.Addrs[0] != netip.MustParsePrefix("192.168.2.2/32") || len(ptp.Routes) != 2 {
+		t.Errorf("net2 (ptp) %v %v, want 192.168.2.2/32 (its prefix is not on-link) with both routes", ptp.Addrs, ptp.Routes)
+	}
+	if len(pn.Interfaces[3].Routes) != 0 || pn.Interfaces[3].Addrs[0].Bits() != 24 {
+		t.Errorf("net10 %v routes %v, want its /24 and no route (its prefix route is the kernel's)", pn.Interfaces[3].Addrs, pn.Interfaces[3].Routes)
+	}
+	// The same network is the same; another address is a change.
+	again, err := Inspect(path)
+	if err != nil || again.SameAs(pn) != nil {
+		t.Errorf("inspected twice: %v, %v", err, again.SameAs(pn))
+	}
+	if err := inNetns(path, func(h *netlink.Handle) error {
+		l, _ := h.LinkByName("net1")
+		a, _ := netlink.ParseAddr("192.168.1.3/24")
+		return h.AddrAdd(l, a)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	changed, err := Inspect(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := changed.SameAs(pn); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "192.168.1.3/24") {
+		t.Errorf("an address added since: %v", err)
 	}
 }
 
@@ -116,14 +235,51 @@ func TestInspectErrors(t *testing.T) {
 	if _, err := Inspect(empty); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "no CNI interface") {
 		t.Errorf("no interface: %v", err)
 	}
-	two := podNetns(t, func(h *netlink.Handle) error {
-		if err := cniLike(t, "eth0", "02:00:00:00:00:01")(h); err != nil {
-			return err
-		}
-		return h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth1"}, PeerName: "eth2"})
-	})
-	if _, err := Inspect(two); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "eth0") || !strings.Contains(err.Error(), "eth1") {
-		t.Errorf("two interfaces: %v", err)
+	cases := map[string]struct {
+		setup func(h *netlink.Handle) error
+		want  string
+	}{
+		"no address": {addVeth(t, "eth0", "02:00:00:00:00:01", nil), "interface eth0 has no IP address"},
+		"L3 device": {func(h *netlink.Handle) error {
+			tun := &netlink.Tuntap{LinkAttrs: netlink.LinkAttrs{Name: "tun0"}, Mode: netlink.TUNTAP_MODE_TUN}
+			if err := h.LinkAdd(tun); err != nil {
+				return err
+			}
+			closeFiles(tun.Fds)
+			return nil
+		}, "interface tun0 (tuntap, link type none) has no Ethernet address"},
+		"no ARP": {func(h *netlink.Handle) error {
+			if err := addVeth(t, "eth0", "02:00:00:00:00:01", []string{"10.1.0.2/24"})(h); err != nil {
+				return err
+			}
+			l, _ := h.LinkByName("eth0")
+			return h.LinkSetARPOff(l)
+		}, "interface eth0 (veth) does no ARP"},
+		"too many": {func(h *netlink.Handle) error {
+			for i := 0; i <= MaxInterfaces; i += 2 {
+				veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: fmt.Sprintf("net%d", i)}, PeerName: fmt.Sprintf("net%d", i+1)}
+				if err := h.LinkAdd(veth); err != nil {
+					return err
+				}
+			}
+			return nil
+		}, "has 10 interfaces (net0, net1, net2, net3, net4, net5, net6, net7, net8, net9); a VM takes at most 8"},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			path := podNetns(t, c.setup)
+			if _, err := Inspect(path); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("got %v, want InvalidArgument with %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestCompareIfNames(t *testing.T) {
+	names := []string{"net10", "net2", "eth1", "lan0", "net1", "eth0"}
+	slices.SortFunc(names, compareIfNames)
+	if got := strings.Join(names, " "); got != "eth0 eth1 lan0 net1 net2 net10" {
+		t.Errorf("order %s", got)
 	}
 }
 
@@ -170,7 +326,7 @@ func TestTAPLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The pod interface is the only one Inspect sees, the TAP is ignored.
-	if pn, err := Inspect(path); err != nil || pn.Interface != "eth0" {
+	if pn, err := Inspect(path); err != nil || len(pn.Interfaces) != 1 || pn.Interfaces[0].Name != "eth0" {
 		t.Errorf("inspect with TAP: %+v, %v", pn, err)
 	}
 	if err := Unwire(path, "eth0", tap.Name, created); err != nil {
@@ -251,13 +407,14 @@ func TestDomainFromArgs(t *testing.T) {
 }
 
 func TestGrantArgs(t *testing.T) {
-	g := Grant{NetdevID: "kvmnet0", MAC: "02:42:0a:4d:00:05", Bus: "pcie.0", Addr: "0x10"}
-	got := strings.Join(g.QEMUArgs([]int{3, 4}, []int{5, 6}), " ")
+	g := Grant{NICs: []NIC{{NetdevID: "kvmnet0", MAC: "02:42:0a:4d:00:05", Bus: "pcie.0", Addr: "0x10", Queues: 2, VhostFDs: 2}}}
+	got := strings.Join(g.QEMUArgs([]int{3, 4, 5, 6}), " ")
 	want := "-netdev tap,id=kvmnet0,fds=3:4,vhost=on,vhostfds=5:6 -device virtio-net-pci,netdev=kvmnet0,id=kvmnet0-dev,mac=02:42:0a:4d:00:05,bus=pcie.0,addr=0x10,mq=on,vectors=6"
 	if got != want {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}
-	if got := strings.Join(g.QEMUArgs([]int{3}, nil), " "); strings.Contains(got, "vhost") || strings.Contains(got, "mq=on") {
+	g.NICs[0].Queues, g.NICs[0].VhostFDs = 1, 0
+	if got := strings.Join(g.QEMUArgs([]int{3}), " "); strings.Contains(got, "vhost") || strings.Contains(got, "mq=on") {
 		t.Errorf("single queue without vhost: %s", got)
 	}
 }

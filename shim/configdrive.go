@@ -18,20 +18,27 @@ import (
 )
 
 // driveNetwork turns the pod network into the config drive's
-// network_data.json: the pod's MAC, MTU, addresses, routes and DNS.
+// network_data.json: one link per pod interface, in interface order, with
+// its MAC, MTU, addresses and routes (an on-link route via the
+// unspecified address), and the pod's DNS.
 func driveNetwork(pn netfd.PodNetwork, dns []netip.Addr, search []string) (*configdrive.Network, error) {
-	routes := make([]configdrive.Route, 0, len(pn.Routes))
-	for _, r := range pn.Routes {
-		// On-link routes follow from the address and netmask.
-		if r.Gateway.IsValid() {
-			routes = append(routes, configdrive.Route{Dst: r.Dst, Gateway: r.Gateway})
+	n := &configdrive.Network{DNS: dns, Search: search}
+	for _, ifc := range pn.Interfaces {
+		routes := make([]configdrive.Route, 0, len(ifc.Routes))
+		for _, r := range ifc.Routes {
+			gw := r.Gateway
+			if r.OnLink() {
+				gw = netip.IPv4Unspecified()
+				if r.Dst.Addr().Is6() {
+					gw = netip.IPv6Unspecified()
+				}
+			}
+			routes = append(routes, configdrive.Route{Dst: r.Dst, Gateway: gw})
+		}
+		if err := n.AddLink(ifc.MAC, ifc.MTU, ifc.Addrs, routes); err != nil {
+			return nil, fmt.Errorf("pod interface %s: %w", ifc.Name, err)
 		}
 	}
-	n, err := configdrive.NewNetwork(pn.MAC, pn.MTU, pn.Addrs, routes, dns)
-	if err != nil {
-		return nil, err
-	}
-	n.Search = search
 	return n, nil
 }
 

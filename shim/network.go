@@ -2,6 +2,7 @@ package shim
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -9,26 +10,48 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/configdrive"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
 
-// Where the VM's NIC sits: a slot on the root bus that libvirt leaves free
-// (it fills slots from 1 upwards with root ports and its own devices).
+// Where the VM's NICs sit: consecutive slots on the root bus from nicSlot0
+// on, which libvirt leaves free (it fills slots from 1 upwards with root
+// ports and its own devices; q35 keeps 0x1f). netfd.MaxInterfaces of them.
 const (
-	nicBus  = "pcie.0"
-	nicAddr = "0x10"
+	nicBus   = "pcie.0"
+	nicSlot0 = 0x10
 )
 
 // vmNetwork is a VM's share of the pod network, as recorded for teardown.
 type vmNetwork struct {
-	Netns        string `json:"netns"`
+	Netns string      `json:"netns"`
+	Links []wiredLink `json:"links,omitempty"`
+
+	// The one link of a record written by a shim before several
+	// interfaces: read, never written.
+	PodIf        string `json:"podIf,omitempty"`
+	TAP          string `json:"tap,omitempty"`
+	CreatedQdisc bool   `json:"createdQdisc,omitempty"`
+}
+
+// wiredLink is one pod interface taken over by a TAP of the VM.
+type wiredLink struct {
 	PodIf        string `json:"podIf"`
 	TAP          string `json:"tap"`
 	CreatedQdisc bool   `json:"createdQdisc"`
+}
+
+// links returns the wired links, also of an older record.
+func (n *vmNetwork) links() []wiredLink {
+	if len(n.Links) == 0 && n.TAP != "" {
+		return []wiredLink{{PodIf: n.PodIf, TAP: n.TAP, CreatedQdisc: n.CreatedQdisc}}
+	}
+	return n.Links
 }
 
 // podNetns is the network namespace a VM container joins: its sandbox's
@@ -56,36 +79,46 @@ func resolvConf(spec *specs.Spec) string {
 	return ""
 }
 
-// setupNetwork takes over the pod's CNI interface for the VM: a TAP in the
-// pod namespace wired to it by tc, and a socket that hands the TAP queues
-// (and vhost-net) to the VM's emulator wrapper. record is given what the
-// next step makes before it is taken, and each step's undo goes on undo
-// as soon as it succeeds.
-func setupNetwork(ctx context.Context, h *host, netns, domain, key string, vcpus int, record func(*vmNetwork) error, undo *rollback) (*vmNetwork, netfd.PodNetwork, *netfd.Server, error) {
+// tapName names the TAP of the VM's i-th NIC: kvmtap, 8 characters of
+// the VM's key, and the NIC's index from the second on (15 characters at
+// most, the kernel's limit).
+func tapName(key string, i int) string {
+	if i == 0 {
+		return netfd.TAPPrefix + key[:8]
+	}
+	return netfd.TAPPrefix + key[:8] + strconv.Itoa(i)
+}
+
+// netQueues is how many TAP queues each NIC gets: one per vCPU up to
+// max_net_queues, and fewer when the NICs' descriptors (with vhost-net
+// twice as many) would not fit into one SCM_RIGHTS message.
+func netQueues(vcpus, maxQueues, nics int, vhost bool) int {
+	q := min(vcpus, maxQueues)
+	per := 1
+	if vhost {
+		per = 2
+	}
+	return max(1, min(q, netfd.MaxDescriptors/(nics*per)))
+}
+
+// setupNetwork takes over the pod's CNI interfaces for the VM: for each,
+// in interface order, a TAP in the pod namespace wired to it by tc, and
+// one socket that hands all TAP queues (and vhost-net) to the VM's
+// emulator wrapper, which gives the VM one NIC per interface. sandboxNet
+// is the network the sandbox saw (nil: none recorded); a pod whose
+// interfaces or addresses changed since is refused. record is given what
+// the next step makes before it is taken, and each step's undo goes on
+// undo as soon as it succeeds.
+func setupNetwork(ctx context.Context, h *host, netns string, sandboxNet *netfd.PodNetwork, domain, key string, vcpus int, record func(*vmNetwork) error, undo *rollback) (netfd.PodNetwork, *netfd.Server, error) {
 	pn, err := netfd.Inspect(netns)
 	if err != nil {
-		return nil, pn, nil, err
+		return pn, nil, err
 	}
-	queues := min(vcpus, h.cfg.MaxNetQueues)
-	tap := netfd.TAP{Name: netfd.TAPPrefix + key[:8], Queues: queues, VNetHdr: h.cfg.VNetHdr, MTU: pn.MTU}
-	n := &vmNetwork{Netns: netns, PodIf: pn.Interface, TAP: tap.Name}
-	if err := record(n); err != nil {
-		return nil, pn, nil, err
+	if sandboxNet != nil {
+		if err := pn.SameAs(*sandboxNet); err != nil {
+			return pn, nil, err
+		}
 	}
-	if err := netfd.CreateTAP(netns, tap); err != nil {
-		return nil, pn, nil, err
-	}
-	undo.add(func() { _ = netfd.DeleteTAP(netns, tap.Name) })
-	created, err := netfd.Wire(netns, pn.Interface, tap.Name)
-	if err != nil {
-		return nil, pn, nil, err
-	}
-	undo.add(func() { _ = netfd.Unwire(netns, pn.Interface, tap.Name, created) })
-	n.CreatedQdisc = created
-	if err := record(n); err != nil {
-		return nil, pn, nil, err
-	}
-
 	vhost := h.accel == vm.AccelKVM
 	if vhost {
 		if ok, why := netfd.VhostAvailable(); !ok {
@@ -95,31 +128,73 @@ func setupNetwork(ctx context.Context, h *host, netns, domain, key string, vcpus
 	} else {
 		h.warnOnce("vhost", "vhost-net applies to KVM only; TCG VMs use QEMU's userspace virtio-net")
 	}
-	grant := netfd.Grant{QEMU: h.cfg.QEMUBinary, NetdevID: "kvmnet0", MAC: pn.MAC.String(), Bus: nicBus, Addr: nicAddr}
-	srv, err := netfd.Serve(ctx, h.fdSocketDir, domain, h.qemuUID, h.qemuGID, vm.QEMUPidDir, func() (netfd.Grant, []*os.File, []*os.File, error) {
-		q, err := netfd.OpenQueues(netns, tap, queues)
-		if err != nil {
-			return grant, nil, nil, err
+	queues := netQueues(vcpus, h.cfg.MaxNetQueues, len(pn.Interfaces), vhost)
+	n := &vmNetwork{Netns: netns}
+	taps := make([]netfd.TAP, len(pn.Interfaces))
+	grant := netfd.Grant{QEMU: h.cfg.QEMUBinary}
+	for i, ifc := range pn.Interfaces {
+		taps[i] = netfd.TAP{Name: tapName(key, i), Queues: queues, VNetHdr: h.cfg.VNetHdr, MTU: ifc.MTU}
+		n.Links = append(n.Links, wiredLink{PodIf: ifc.Name, TAP: taps[i].Name})
+		grant.NICs = append(grant.NICs, netfd.NIC{
+			NetdevID: fmt.Sprintf("kvmnet%d", i), MAC: ifc.MAC.String(),
+			Bus: nicBus, Addr: fmt.Sprintf("%#x", nicSlot0+i),
+		})
+	}
+	// Every TAP is in the record before the first is made.
+	if err := record(n); err != nil {
+		return pn, nil, err
+	}
+	for i, ifc := range pn.Interfaces {
+		tap := taps[i]
+		if err := netfd.CreateTAP(netns, tap); err != nil {
+			return pn, nil, fmt.Errorf("pod interface %s: %w", ifc.Name, err)
 		}
-		if !vhost {
-			return grant, q, nil, nil
-		}
-		v, err := netfd.OpenVhost(queues)
+		undo.add(func() { _ = netfd.DeleteTAP(netns, tap.Name) })
+		created, err := netfd.Wire(netns, ifc.Name, tap.Name)
 		if err != nil {
-			for _, f := range q {
+			return pn, nil, fmt.Errorf("pod interface %s: %w", ifc.Name, err)
+		}
+		undo.add(func() { _ = netfd.Unwire(netns, ifc.Name, tap.Name, created) })
+		n.Links[i].CreatedQdisc = created
+		if err := record(n); err != nil {
+			return pn, nil, err
+		}
+	}
+
+	srv, err := netfd.Serve(ctx, h.fdSocketDir, domain, h.qemuUID, h.qemuGID, vm.QEMUPidDir, func() (netfd.Grant, []netfd.NICFiles, error) {
+		var files []netfd.NICFiles
+		fail := func(err error) (netfd.Grant, []netfd.NICFiles, error) {
+			for _, f := range files {
 				f.Close()
 			}
-			return grant, nil, nil, err
+			return grant, nil, err
 		}
-		return grant, q, v, nil
+		for _, tap := range taps {
+			q, err := netfd.OpenQueues(netns, tap, queues)
+			if err != nil {
+				return fail(err)
+			}
+			files = append(files, netfd.NICFiles{TAP: q})
+			if vhost {
+				v, err := netfd.OpenVhost(queues)
+				if err != nil {
+					return fail(err)
+				}
+				files[len(files)-1].Vhost = v
+			}
+		}
+		return grant, files, nil
 	})
 	if err != nil {
-		return nil, pn, nil, err
+		return pn, nil, err
 	}
 	undo.add(func() { _ = srv.Close() })
-	log.G(ctx).WithField("vm", domain).WithField("tap", tap.Name).WithField("queues", queues).
-		WithField("vnetHdr", tap.VNetHdr).WithField("vhost", vhost).Info("VM network wired to " + pn.Interface)
-	return n, pn, srv, nil
+	for i, ifc := range pn.Interfaces {
+		log.G(ctx).WithField("vm", domain).WithField("tap", taps[i].Name).WithField("queues", queues).
+			WithField("vnetHdr", h.cfg.VNetHdr).WithField("vhost", vhost).WithField("pci", grant.NICs[i].Addr).
+			Info("VM network wired to " + ifc.Name)
+	}
+	return pn, srv, nil
 }
 
 // teardownNetwork removes what setupNetwork made; all of it may be gone.
@@ -127,30 +202,47 @@ func teardownNetwork(n *vmNetwork) error {
 	if n == nil {
 		return nil
 	}
-	if err := netfd.Unwire(n.Netns, n.PodIf, n.TAP, n.CreatedQdisc); err != nil {
-		return err
+	var errs []error
+	for _, l := range n.links() {
+		if err := netfd.Unwire(n.Netns, l.PodIf, l.TAP, l.CreatedQdisc); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		errs = append(errs, netfd.DeleteTAP(n.Netns, l.TAP))
 	}
-	return netfd.DeleteTAP(n.Netns, n.TAP)
+	return errors.Join(errs...)
 }
 
-// ipKernelArg renders the kernel's ip= parameter for a direct-boot guest:
-// ip=<addr>::<gateway>:<netmask>:<hostname>::off:<dns0>:<dns1>. The device
-// is left empty (the first NIC). Only IPv4 can be expressed.
-func ipKernelArg(pn netfd.PodNetwork, dns []netip.Addr, hostname string) string {
+// ipKernelArg renders the kernel's ip= parameter for a direct-boot guest,
+// when it can say what the pod's network is:
+// ip=<addr>::<gateway>:<netmask>:<hostname>::off:<dns0>:<dns1>, the device
+// left empty (the first NIC). It cannot express several interfaces, IPv6,
+// or a gateway outside the address's prefix (the kernel refuses it: "not
+// on directly connected network"); why says which, when ok is false.
+func ipKernelArg(pn netfd.PodNetwork, dns []netip.Addr, hostname string) (arg string, why string, ok bool) {
+	if len(pn.Interfaces) != 1 {
+		return "", fmt.Sprintf("the pod has %d interfaces", len(pn.Interfaces)), false
+	}
+	ifc := pn.Interfaces[0]
 	var addr netip.Prefix
-	for _, a := range pn.Addrs {
-		if a.Addr().Is4() {
-			addr = a
-			break
+	for _, a := range ifc.Addrs {
+		if !a.Addr().Is4() {
+			return "", fmt.Sprintf("%s has the IPv6 address %s", ifc.Name, a), false
 		}
+		if addr.IsValid() {
+			return "", fmt.Sprintf("%s has more than one address", ifc.Name), false
+		}
+		addr = a
 	}
-	if !addr.IsValid() {
-		return ""
-	}
-	gw, _ := pn.Gateway()
 	gwS := ""
-	if gw.IsValid() {
-		gwS = gw.String()
+	for _, r := range ifc.Routes {
+		if r.OnLink() || r.Dst.Bits() != 0 {
+			return "", fmt.Sprintf("%s has the route %s %s", ifc.Name, r.Dst, routeVia(r)), false
+		}
+		if !addr.Masked().Contains(r.Gateway) {
+			return "", fmt.Sprintf("the gateway %s of %s is outside %s", r.Gateway, ifc.Name, addr.Masked()), false
+		}
+		gwS = r.Gateway.String()
 	}
 	fields := []string{addr.Addr().String(), "", gwS, netmask4(addr.Bits()), hostname, "", "off"}
 	n := 0
@@ -160,7 +252,35 @@ func ipKernelArg(pn netfd.PodNetwork, dns []netip.Addr, hostname string) string 
 			n++
 		}
 	}
-	return "ip=" + strings.Join(fields, ":")
+	return "ip=" + strings.Join(fields, ":"), "", true
+}
+
+// guestNetworkPath decides how the guest learns the pod network. The
+// config drive carries it for every guest (network_data.json for
+// cloud-init and cloudbase-init, configdrive.GuestNetworkFile for small
+// inits); a direct-boot guest also gets ip= on its command line when ip=
+// can say it. Without a drive, a direct-boot guest whose network ip=
+// cannot express is refused, and a disk image is told nothing (logged).
+func guestNetworkPath(ctx context.Context, pn netfd.PodNetwork, dns []netip.Addr, ident vmIdentity, src vm.BootSource, set *vmSettings) error {
+	arg, why, ok := ipKernelArg(pn, dns, configdrive.SanitizeHostname(ident.name()))
+	switch {
+	case src.Kernel != "" && ok:
+		set.cmdline += " " + arg
+	case src.Kernel != "" && set.drive.Disabled:
+		return fmt.Errorf("annotation %s=false: a direct-boot guest without a config drive gets its network from the kernel's ip=, which cannot express this pod's network (%s): %w",
+			configdrive.AnnotationEnabled, why, errdefs.ErrInvalidArgument)
+	case src.Kernel == "" && set.drive.Disabled:
+		log.G(ctx).WithField("vm", ident.DomainName()).Warn("no config drive (annotation " + configdrive.AnnotationEnabled +
+			"=false): the guest gets no network configuration from the shim and must find its addresses itself")
+	}
+	return nil
+}
+
+func routeVia(r netfd.Route) string {
+	if r.OnLink() {
+		return "on-link"
+	}
+	return "via " + r.Gateway.String()
 }
 
 func netmask4(bits int) string {

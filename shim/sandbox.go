@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/procfs"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 )
 
 // sandboxTask is the pod's sandbox ("pause") container. No VM runs for
@@ -25,9 +26,12 @@ type sandboxTask struct {
 	rec    taskRecord
 	layout layout
 	netns  string
+	// podNet is the pod network as CNI left it before the sandbox was
+	// created; a VM container must find the same. nil: not read.
+	podNet *netfd.PodNetwork
 }
 
-func createSandboxTask(l layout, r createRequest, ident vmIdentity, publish func(any)) (*sandboxTask, error) {
+func createSandboxTask(ctx context.Context, l layout, r createRequest, ident vmIdentity, publish func(any)) (*sandboxTask, error) {
 	t := &sandboxTask{
 		proc:   newProc(r.id, r.bundle, r.stdio, publish),
 		layout: l,
@@ -39,6 +43,16 @@ func createSandboxTask(l layout, r createRequest, ident vmIdentity, publish func
 	}
 	if err := l.ensure(); err != nil {
 		return nil, err
+	}
+	// CRI runs CNI before it creates the sandbox: what the namespace
+	// holds now is the pod's network. A namespace the VM could not take
+	// is reported when a VM container is created, not here.
+	if t.netns != "" {
+		if pn, err := netfd.Inspect(t.netns); err == nil {
+			t.podNet, t.rec.PodNetwork = &pn, &pn
+		} else {
+			log.G(ctx).WithError(err).WithField("sandbox", r.id).Warn("pod network not recorded; VM containers will not check it for changes")
+		}
 	}
 	if err := writeRecord(r.bundle, &t.rec); err != nil {
 		return nil, fmt.Errorf("write task record: %w", err)

@@ -19,7 +19,7 @@ import (
 func newSandbox(t *testing.T, l layout, id, podUID string) *sandboxTask {
 	t.Helper()
 	spec := &specs.Spec{Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.NetworkNamespace, Path: "/var/run/netns/cni-1"}}}}
-	sb, err := createSandboxTask(l, createRequest{id: id, bundle: t.TempDir(), spec: spec}, vmIdentity{Namespace: "k8s.io", PodUID: podUID}, func(any) {})
+	sb, err := createSandboxTask(context.Background(), l, createRequest{id: id, bundle: t.TempDir(), spec: spec}, vmIdentity{Namespace: "k8s.io", PodUID: podUID}, func(any) {})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,6 +25,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
 
@@ -161,11 +162,15 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 	ident := identity(ctx, r.ID, spec)
 	var t taskRunner
 	if spec.Annotations[annContainerType] == "sandbox" {
-		if t, err = createSandboxTask(layout{root: cfg.StateDir}, req, ident, s.events.send); err == nil {
+		if t, err = createSandboxTask(ctx, layout{root: cfg.StateDir}, req, ident, s.events.send); err == nil {
 			goSafe(ctx, "connect to libvirt ahead of the pod's VMs", func() { s.prepareHost(context.WithoutCancel(ctx), cfg) })
 		}
 	} else {
-		req.netns = podNetns(spec, s.sandboxNetns(ident.SandboxID))
+		sbNetns, sbNet := s.sandboxNetwork(ident.SandboxID)
+		req.netns = podNetns(spec, sbNetns)
+		if req.netns == sbNetns {
+			req.podNet = sbNet
+		}
 		var h *host
 		if h, err = s.vmHost(ctx, cfg); err == nil {
 			// spec, shim config and, at the shim's first VM, the libvirt
@@ -511,15 +516,15 @@ func (s *service) vmTasks(domain string) []*vmTask {
 	return out
 }
 
-// sandboxNetns is the network namespace recorded by the pod's sandbox
-// task, if this shim serves it.
-func (s *service) sandboxNetns(sandboxID string) string {
+// sandboxNetwork is the network namespace recorded by the pod's sandbox
+// task, and the network it found there, if this shim serves it.
+func (s *service) sandboxNetwork(sandboxID string) (string, *netfd.PodNetwork) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if sb, ok := s.tasks[sandboxID].(*sandboxTask); ok && sandboxID != "" {
-		return sb.netns
+		return sb.netns, sb.podNet
 	}
-	return ""
+	return "", nil
 }
 
 func (s *service) hasTasks() bool {

@@ -7,6 +7,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 )
 
 // recordFile is the shim's record of one task, kept in the task's bundle.
@@ -43,6 +45,9 @@ type taskRecord struct {
 
 	// Network: the TAP and tc wiring in the pod namespace.
 	Network *vmNetwork `json:"network,omitempty"`
+
+	// PodNetwork: the pod network the sandbox found (sandbox tasks).
+	PodNetwork *netfd.PodNetwork `json:"podNetwork,omitempty"`
 
 	// Pod membership (sandbox and VM tasks of a CRI pod).
 	PodUID string `json:"podUID,omitempty"`

@@ -47,6 +47,9 @@ type createRequest struct {
 	stdio      stdio
 	spec       *specs.Spec
 	netns      string // the pod's network namespace; "" for no network
+	// podNet is the pod network its sandbox saw; nil when none was
+	// recorded (no sandbox in this shim, or it could not look).
+	podNet *netfd.PodNetwork
 	// took times the Create for its log line, from when the request got
 	// the shim's create lock; nil starts the timing in createVMTask.
 	took *phases
@@ -199,7 +202,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 			}
 			return nil
 		}
-		_, pn, srv, err := setupNetwork(ctx, h, r.netns, name, ident.runtimeKey(), set.vcpus, recordNetwork, &undo)
+		pn, srv, err := setupNetwork(ctx, h, r.netns, r.podNet, name, ident.runtimeKey(), set.vcpus, recordNetwork, &undo)
 		if err != nil {
 			return nil, err
 		}
@@ -212,12 +215,10 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		} else if !errors.Is(err, fs.ErrNotExist) { // none is no DNS
 			log.G(ctx).WithError(err).Warn("read the pod's resolv.conf")
 		}
-		if src.Kernel != "" {
-			if arg := ipKernelArg(pn, dns, configdrive.SanitizeHostname(ident.name())); arg != "" {
-				set.cmdline += " " + arg
-			}
-		}
 		if guestNet, err = driveNetwork(pn, dns, search); err != nil {
+			return nil, err
+		}
+		if err := guestNetworkPath(ctx, pn, dns, ident, src, &set); err != nil {
 			return nil, err
 		}
 	}

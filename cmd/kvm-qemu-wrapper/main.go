@@ -26,7 +26,7 @@ func main() {
 	if domain := netfd.DomainFromArgs(args); domain != "" {
 		sock := netfd.SocketPath(netfd.SocketDir, domain)
 		if _, err := os.Stat(sock); err == nil {
-			g, tap, vhost, err := netfd.Fetch(sock)
+			g, fds, err := netfd.Fetch(sock)
 			if err != nil {
 				fmt.Fprintf(os.Stderr, "kvm-qemu-wrapper: network of %s: %v\n", domain, err)
 				os.Exit(1)
@@ -34,7 +34,7 @@ func main() {
 			if g.QEMU != "" {
 				bin = g.QEMU
 			}
-			args = append(args, g.QEMUArgs(tap, vhost)...)
+			args = append(args, g.QEMUArgs(fds)...)
 		} else if !errors.Is(err, fs.ErrNotExist) {
 			fmt.Fprintf(os.Stderr, "kvm-qemu-wrapper: %v\n", err)
 			os.Exit(1)

@@ -549,9 +549,9 @@ func (r *results) buildNet() {
 		return
 	}
 	r.Notes = append(r.Notes, fmt.Sprintf("bench-net: TCP throughput with iperf3 between the guest (server, started from its console shell) and the host (client), %d s per direction with the first second omitted, same guest (localhost/kvm-guest/iperf:latest: the test guest plus the host's iperf3 in a second initramfs archive) and the same shim-rendered domain XML. "+
-		"(a) and (b): `ctr run` in a netns whose only interface is eth0 of a veth pair (host end %s), so the shim wires its TAP to eth0 with tc; (c): the shim's inactive XML of an (a) VM, renamed, ip= pointed at a host bridge, plus <interface type='bridge'> (a TAP libvirt creates on the bridge), defined with go-libvirt. "+
+		"(a) and (b): `ctr run` in a netns whose only interface is eth0 of a veth pair (host end %s), so the shim wires its TAP to eth0 with tc; (d): the same with the pod shaped as Calico shapes it (/32, on-link route to 169.254.1.1, default route via it, proxy ARP and a /32 route on the host end), the bridge shape being (a); (c): the shim's inactive XML of an (a) VM, renamed, ip= pointed at a host bridge, plus <interface type='bridge'> (a TAP libvirt creates on the bridge), defined with go-libvirt. "+
 		"Ratios are per iteration (the variants run interleaved), given as the median and the range over the runs. Under TCG the guest's single emulated vCPU is the bottleneck, so absolute numbers are low.", n.Seconds, podGateway))
-	var a, b, c *netVariant
+	var a, b, c, cal *netVariant
 	for _, v := range n.Variants {
 		switch v.Key {
 		case "a":
@@ -560,6 +560,8 @@ func (r *results) buildNet() {
 			b = v
 		case "c":
 			c = v
+		case "d":
+			cal = v
 		}
 		status := "info"
 		if len(v.Failures) > 0 {
@@ -599,6 +601,9 @@ func (r *results) buildNet() {
 	}
 	if a != nil && c != nil {
 		ratio("a/c", a, c, 0.95)
+	}
+	if cal != nil && a != nil {
+		ratio("d/a", cal, a, 0.95) // Calico shape / bridge shape
 	}
 }
 
