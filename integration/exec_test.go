@@ -5,6 +5,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"regexp"
 	"sort"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
@@ -39,6 +41,49 @@ func (c *containerd) execCtr(ns, id, execID, stdin string, args ...string) teste
 		r.Code = cmd.ProcessState.ExitCode()
 	}
 	return r
+}
+
+// execCtrTTY runs `ctr task exec -t` with a pseudo-terminal as its stdin
+// and stdout (ctr insists on one); stderr is kept apart.
+func (c *containerd) execCtrTTY(t *testing.T, ns, id, execID string, args ...string) testenv.Result {
+	t.Helper()
+	master, slave := openPty(t)
+	defer master.Close()
+	defer slave.Close()
+	go func() { _, _ = io.Copy(io.Discard, master) }()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := c.CtrCmd(ctx, ns, append([]string{"task", "exec", "-t", "--exec-id", execID, id}, args...)...)
+	var errOut strings.Builder
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, &errOut
+	err := cmd.Run()
+	r := testenv.Result{Args: cmd.Args[1:], Stderr: errOut.String(), Code: -1, Err: err}
+	if cmd.ProcessState != nil {
+		r.Code = cmd.ProcessState.ExitCode()
+	}
+	return r
+}
+
+// openPty opens a new pseudo-terminal pair from /dev/ptmx.
+func openPty(t *testing.T) (master, slave *os.File) {
+	t.Helper()
+	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd := int(master.Fd())
+	if err := unix.IoctlSetPointerInt(fd, unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatalf("unlock pty: %v", err)
+	}
+	n, err := unix.IoctlGetInt(fd, unix.TIOCGPTN)
+	if err != nil {
+		t.Fatalf("pty number: %v", err)
+	}
+	slave, err = os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return master, slave
 }
 
 // waitAgentCtr runs `true` in the guest until the agent answers.
@@ -84,7 +129,7 @@ func TestCtrExec(t *testing.T) {
 		if r.Code != 127 || !strings.Contains(r.Stderr, "not found") {
 			t.Errorf("missing command: %v; want exit 127 and 'not found'", r)
 		}
-		r = c.ctr(nsDefault, "task", "exec", "-t", "--exec-id", "tty", id, "sh")
+		r = c.execCtrTTY(t, nsDefault, id, "tty", "sh")
 		if r.Err == nil || !strings.Contains(r.Stderr, ttyHint) {
 			t.Errorf("exec with a TTY: %v; want a refusal naming %q", r, ttyHint)
 		}
