@@ -19,7 +19,7 @@ const (
 	nsCRI       = testenv.NamespaceCRI
 	kvmRuntime  = testenv.RuntimeKVM
 	runcRuntime = testenv.RuntimeRunc
-	shimBinary  = "containerd-shim-kvm-v1"
+	shimBinary  = testenv.ShimBinary
 	cniNetwork  = "kvmtest"
 )
 

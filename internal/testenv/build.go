@@ -1,0 +1,65 @@
+package testenv
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+)
+
+// ShimBinary is the shim's binary name; containerd finds it on its PATH.
+const ShimBinary = "containerd-shim-kvm-v1"
+
+// BuildShim builds the shim from the repository at repo into binDir, and
+// kvm-qemu-wrapper, statically, into wrapperDir/bin: libvirt runs the
+// wrapper as the QEMU user, so wrapperDir (under /run, say) and bin are
+// made mode 0755. It returns the wrapper's path; the error carries the
+// build's output.
+func BuildShim(repo, binDir, wrapperDir string) (wrapper string, err error) {
+	bin := filepath.Join(wrapperDir, "bin")
+	for _, d := range []string{binDir, wrapperDir, bin} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return "", err
+		}
+		if err := os.Chmod(d, 0o755); err != nil {
+			return "", err
+		}
+	}
+	wrapper = filepath.Join(bin, "kvm-qemu-wrapper")
+	builds := []struct {
+		out, pkg string
+	}{
+		{filepath.Join(binDir, ShimBinary), "./cmd/containerd-shim-kvm-v1"},
+		{wrapper, "./cmd/kvm-qemu-wrapper"},
+	}
+	for _, b := range builds {
+		cmd := exec.Command("go", "build", "-o", b.out, b.pkg)
+		cmd.Dir = repo
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out)
+		}
+	}
+	return wrapper, nil
+}
+
+// HostLock serialises the runs that take this host's fixed CNI bridges,
+// subnets and ports: the integration suite, the e2e tier.
+const HostLock = "/run/kvm-shim-integration.lock"
+
+// LockHost takes HostLock, waiting while another run holds it.
+func LockHost() (unlock func(), err error) {
+	f, err := os.OpenFile(HostLock, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		fmt.Fprintf(os.Stderr, "waiting for another integration or e2e run to release %s\n", HostLock)
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", HostLock, err)
+		}
+	}
+	return func() { f.Close() }, nil
+}
