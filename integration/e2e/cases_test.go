@@ -253,8 +253,10 @@ func testDelete(t *testing.T, e *env) {
 	}
 	t.Logf("kubectl delete pod %s: %s (the guest printed %s)", vmA.name, took.Round(10*time.Millisecond), poweroffLine)
 
+	// kubelet removes a deleted pod's sandbox (and so the pod's disk) in
+	// its container garbage collection, once a minute.
 	var left []string
-	ctx, cancel := context.WithTimeout(context.Background(), shortTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), sandboxGCTimeout)
 	defer cancel()
 	_ = testenv.Poll(ctx, 500*time.Millisecond, func() (bool, string) {
 		left = e.podLeftovers(uid, domain, netns)
@@ -262,6 +264,8 @@ func testDelete(t *testing.T, e *env) {
 	})
 	if len(left) > 0 {
 		t.Errorf("left of the deleted pod:\n  %s", strings.Join(left, "\n  "))
+	} else {
+		t.Logf("nothing of pod %s left %s after kubectl delete", vmA.name, time.Since(start).Round(time.Second))
 	}
 }
 
@@ -269,7 +273,7 @@ func testDelete(t *testing.T, e *env) {
 func (e *env) sandboxNetns(t *testing.T, uid string) string {
 	t.Helper()
 	r := e.ctd.Ctr(context.Background(), testenv.NamespaceCRI, "containers", "ls", "-q",
-		`labels."io.kubernetes.pod.uid"==`+uid, `labels."io.cri-containerd.kind"==sandbox`)
+		`labels."io.kubernetes.pod.uid"==`+uid+`,labels."io.cri-containerd.kind"==sandbox`)
 	ids := strings.Fields(r.Stdout)
 	if r.Err != nil || len(ids) != 1 {
 		t.Fatalf("the sandbox of pod %s: %v", uid, r)

@@ -23,6 +23,9 @@ import (
 const (
 	bootTimeout  = 2 * time.Minute // pod applied -> guest ready
 	shortTimeout = 30 * time.Second
+	// kubelet's container garbage collection runs once a minute; it
+	// removes the containers and sandboxes of deleted pods.
+	sandboxGCTimeout = 150 * time.Second
 )
 
 // Console lines of the test guest (hack/guest/README.md).

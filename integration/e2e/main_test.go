@@ -254,7 +254,7 @@ func (e *env) stop(t *testing.T) {
 		if _, err := e.cluster.Kubectl(ctx, nil, "delete", "deployments,services,pods", "--all", "-n", "default", "--wait=true", "--timeout=2m"); err != nil {
 			t.Errorf("delete the workloads: %v", err)
 		}
-		if left := e.ctd.WaitNothingLeft(ctx, time.Minute); len(left) > 0 {
+		if left := e.ctd.WaitNothingLeft(ctx, sandboxGCTimeout); len(left) > 0 {
 			t.Errorf("left behind once every pod was deleted:\n  %s", strings.Join(left, "\n  "))
 		}
 		if left := testenv.DirNames(filepath.Join(e.cluster.KubeletDir, "pods")); len(left) > 0 {

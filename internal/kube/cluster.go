@@ -236,7 +236,6 @@ func (c *Cluster) etcdProcess() *process {
 		"--listen-client-urls", client, "--advertise-client-urls", client,
 		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
 		"--initial-cluster", "e2e="+peer,
-		"--listen-metrics-urls", "",
 		"--log-level", "warn", "--logger", "zap")
 }
 
