@@ -42,18 +42,6 @@ const (
 
 var nodeIP = net.IPv4(10, 89, 15, 1)
 
-// shimConfig is the kvm shim's config beyond what testenv writes; its
-// arguments are qemu_wrapper and numa_state_file. As in the integration
-// suite: TCG, and thresholds that place VMs whatever else runs on the host.
-const shimConfig = `accel = "tcg"
-qemu_wrapper = %q
-numa_state_file = %q
-cpu_threshold = 100.0
-mem_threshold = 16.0
-default_vcpus = 1
-default_memory_mib = 256
-`
-
 // suite is what TestMain built; nil when skipReason is set.
 var (
 	suite      *testSuite
@@ -207,7 +195,7 @@ func (s *testSuite) start(t *testing.T, name string) *env {
 	ctd, err := testenv.Start(ctx, f, testenv.Options{
 		Dir:            filepath.Join(dir, "containerd"),
 		PathPrefix:     s.binDir,
-		ShimConfig:     fmt.Sprintf(shimConfig, s.wrapper, filepath.Join(dir, "numa.json")),
+		ShimConfig:     testenv.SuiteShimConfig(s.wrapper, filepath.Join(dir, "numa.json")),
 		SandboxImage:   pauseImage,
 		Bridge:         n.bridge,
 		Subnet:         n.subnet,

@@ -63,3 +63,25 @@ func LockHost() (unlock func(), err error) {
 	}
 	return func() { f.Close() }, nil
 }
+
+// SuiteShimConfig is the kvm shim's own config for the test suites (passed
+// as Options.ShimConfig, beyond the libvirt_uri and state_dir testenv
+// writes): TCG, the freshly built emulator wrapper and a NUMA store of the
+// suite's own.
+//
+// The host is shared: a shim that starts adopts the NUMA placement of every
+// live VM on the node into its store, other people's too (a benchmark's ten
+// VMs fill a 2-CPU node at the default cpu_threshold of 4). Generous
+// thresholds keep the suite's VMs placeable whatever else runs; placement
+// itself (node and dedicated) is still checked by the integration suite's
+// TestCtrNUMA.
+func SuiteShimConfig(wrapper, numaStateFile string) string {
+	return fmt.Sprintf(`accel = "tcg"
+qemu_wrapper = %q
+numa_state_file = %q
+cpu_threshold = 100.0
+mem_threshold = 16.0
+default_vcpus = 1
+default_memory_mib = 256
+`, wrapper, numaStateFile)
+}
