@@ -65,8 +65,8 @@ type Options struct {
 	CRISocket string
 	// Ports; zero means DefaultPorts.
 	Ports Ports
-	// StartTimeout bounds the wait for each component; 0 means two
-	// minutes (the apiserver's first start under load takes a while).
+	// StartTimeout bounds the whole start; 0 means three minutes (the
+	// apiserver's first start on a loaded host takes a while).
 	StartTimeout time.Duration
 }
 
@@ -101,7 +101,7 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 		o.Ports = DefaultPorts
 	}
 	if o.StartTimeout == 0 {
-		o.StartTimeout = 2 * time.Minute
+		o.StartTimeout = 3 * time.Minute
 	}
 	for _, bin := range []string{o.Etcd, o.bin("kube-apiserver"), o.bin("kube-controller-manager"), o.bin("kubelet"), o.bin("kube-proxy"), o.bin("kubectl")} {
 		if _, err := os.Stat(bin); err != nil {

@@ -125,7 +125,6 @@ func (c *Cluster) kubeProxyConfig() map[string]any {
 			"tcpEstablishedTimeout": "0s",
 			"tcpCloseWaitTimeout":   "0s",
 		},
-		"iptables": map[string]any{"syncPeriod": "5s", "minSyncPeriod": "0s"},
 	}
 }
 
