@@ -48,7 +48,7 @@ func runMain(m *testing.M) int {
 		return m.Run()
 	}
 	// The CNI bridges and subnets are fixed names on this host: one run at a time.
-	unlock, err := testenv.LockHost()
+	unlock, err := testenv.LockHost(testenv.IntegrationLock)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "integration: %v\n", err)
 		return 1

@@ -247,6 +247,18 @@ func (s *stream) send(t *testing.T, line string) {
 	}
 }
 
+// sendUntil sends line every interval until the output holds want (a
+// guest's shell may not read its console yet), for at most timeout.
+func (s *stream) sendUntil(t *testing.T, line, want string, interval, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !strings.Contains(s.output(), want) && time.Now().Before(deadline) {
+		s.send(t, line)
+		time.Sleep(interval)
+	}
+	s.waitFor(t, want, interval)
+}
+
 // waitFor waits until the output holds want, and returns the output.
 func (s *stream) waitFor(t *testing.T, want string, timeout time.Duration) string {
 	t.Helper()

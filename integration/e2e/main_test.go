@@ -64,8 +64,9 @@ func runMain(m *testing.M) int {
 		skipReason = "e2e tests need root (containerd, kubelet, libvirt qemu:///system)"
 		return m.Run()
 	}
-	// CNI bridges, ports and iptables: one integration or e2e run at a time.
-	unlock, err := testenv.LockHost()
+	// Bridges, subnets, the node's link, ports: one e2e run at a time. The
+	// integration suite's names are other ones: it may run meanwhile.
+	unlock, err := testenv.LockHost(testenv.E2ELock)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "e2e: %v\n", err)
 		return 1
@@ -238,7 +239,7 @@ func (s *testSuite) start(t *testing.T, name string) *env {
 // the cluster and containerd.
 func (e *env) stop(t *testing.T) {
 	ctx := context.Background()
-	if e.cluster != nil {
+	if e.cluster != nil && e.cluster.Pid("kube-apiserver") != 0 {
 		if _, err := e.cluster.Kubectl(ctx, nil, "delete", "deployments,services,pods", "--all", "-n", "default", "--wait=true", "--timeout=2m"); err != nil {
 			t.Errorf("delete the workloads: %v", err)
 		}
@@ -248,6 +249,8 @@ func (e *env) stop(t *testing.T) {
 		if left := testenv.DirNames(filepath.Join(e.cluster.KubeletDir, "pods")); len(left) > 0 {
 			t.Errorf("kubelet pod directories left: %v", left)
 		}
+	}
+	if e.cluster != nil {
 		if err := e.cluster.Stop(); err != nil {
 			t.Errorf("stop the cluster: %v", err)
 		}

@@ -49,7 +49,13 @@ func podSpec(o podOpts) obj {
 		"image":           o.image,
 		"imagePullPolicy": "Never",
 		"stdin":           o.stdin,
-		"resources":       obj{"limits": obj{"cpu": "1", "memory": o.memory}},
+		// The node has 2 CPUs and no scheduler: kubelet refuses a pod
+		// whose requests do not fit (OutOfcpu), and a Deployment then
+		// makes new pods without end. Request little, limit one CPU.
+		"resources": obj{
+			"requests": obj{"cpu": "50m", "memory": o.memory},
+			"limits":   obj{"cpu": "1", "memory": o.memory},
+		},
 	}
 	if o.probe != 0 {
 		c["readinessProbe"] = obj{

@@ -52,7 +52,7 @@ type Options struct {
 	Etcd string
 	// Node is the node's name.
 	Node string
-	// NodeLink is a dummy network link Start creates to carry NodeIP: the
+	// NodeLink is a network link Start creates to carry NodeIP: the
 	// apiserver refuses to proxy to a loopback address, so the node
 	// needs another one. Pick a name and address no one else uses.
 	NodeLink string
@@ -192,7 +192,7 @@ func (c *Cluster) writeConfigs() error {
 	return writeJSON(filepath.Join(c.Dir, "kube-proxy.json"), c.kubeProxyConfig())
 }
 
-// makeLink creates the node's dummy link with NodeIP; a link of that name
+// makeLink creates the node's link with NodeIP; a link of that name
 // left by an earlier run that died is replaced.
 func (c *Cluster) makeLink() error {
 	if _, err := os.Stat(filepath.Join("/sys/class/net", c.NodeLink)); err == nil {
@@ -200,7 +200,10 @@ func (c *Cluster) makeLink() error {
 			return err
 		}
 	}
-	if err := run("ip", "link", "add", c.NodeLink, "type", "dummy"); err != nil {
+	// A bridge without ports: the dummy link type is a module this
+	// machine's kernel lacks, the bridge one CNI loads anyway. The address
+	// is local whether or not the link has a carrier.
+	if err := run("ip", "link", "add", c.NodeLink, "type", "bridge"); err != nil {
 		return err
 	}
 	c.linkMade = true

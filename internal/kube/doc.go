@@ -4,5 +4,5 @@
 // ports, data directories and sockets, against a containerd the caller
 // started (internal/testenv). The binaries come from hack/k8s/build.sh.
 // Stop ends only the processes Start started, by pid, and removes what
-// they made on the host (the node's dummy link, kube-proxy's rules).
+// they made on the host (the node's link, kube-proxy's rules).
 package kube

@@ -44,21 +44,25 @@ func BuildShim(repo, binDir, wrapperDir string) (wrapper string, err error) {
 	return wrapper, nil
 }
 
-// HostLock serialises the runs that take this host's fixed CNI bridges,
-// subnets and ports: the integration suite, the e2e tier.
-const HostLock = "/run/kvm-shim-integration.lock"
+// Host locks: runs that take the same fixed names (CNI bridges, subnets,
+// links, ports) on this host wait for each other. The integration suite
+// and the e2e tier use disjoint names and each has its own lock.
+const (
+	IntegrationLock = "/run/kvm-shim-integration.lock"
+	E2ELock         = "/run/kvm-shim-e2e.lock"
+)
 
-// LockHost takes HostLock, waiting while another run holds it.
-func LockHost() (unlock func(), err error) {
-	f, err := os.OpenFile(HostLock, os.O_RDWR|os.O_CREATE, 0o644)
+// LockHost takes the lock file path, waiting while another run holds it.
+func LockHost(path string) (unlock func(), err error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, err
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		fmt.Fprintf(os.Stderr, "waiting for another integration or e2e run to release %s\n", HostLock)
+		fmt.Fprintf(os.Stderr, "waiting for another run to release %s\n", path)
 		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
 			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", HostLock, err)
+			return nil, fmt.Errorf("lock %s: %w", path, err)
 		}
 	}
 	return func() { f.Close() }, nil
