@@ -11,11 +11,14 @@ GO       ?= go
 # Integration tests boot real VMs under TCG; give them room.
 INTEGRATION_TIMEOUT ?= 80m
 INTEGRATION_RUN     ?= .
+# The e2e tier: one private Kubernetes node per containerd flavour.
+E2E_TIMEOUT ?= 60m
+E2E_RUN     ?= .
 
-.PHONY: help build install setup setup-demo images unit integration test demo bench bench-net bench-numa clean
+.PHONY: help build install setup setup-demo images k8s unit integration e2e test demo bench bench-net bench-numa clean
 
 help: ## Show this help
-	@awk 'BEGIN{FS=":.*## "} /^[a-z-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN{FS=":.*## "} /^[a-z0-9-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 build: ## Build the static shim and emulator wrapper binaries into _output/bin
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/containerd-shim-kvm-v1
@@ -41,7 +44,13 @@ unit: ## Run the unit tests (privileged ones skip unless root; includes a full c
 integration: setup build images ## Run the integration tests against real containerd 1.6 and 2.x, libvirtd and QEMU
 	$(GO) test -tags integration -count=1 -v -timeout $(INTEGRATION_TIMEOUT) -run '$(INTEGRATION_RUN)' ./integration/
 
-test: setup build images unit integration ## Set up the host, then run unit and integration tests
+k8s: ## Build the pinned kube-apiserver, kube-controller-manager, kubelet, kube-proxy and kubectl (cached in /var/cache/kvm-shim)
+	hack/k8s/build.sh
+
+e2e: setup build images k8s ## Run the e2e tier: a private Kubernetes node drives VM pods through kubectl, on containerd 1.6 and 2.x
+	KVM_E2E_K8S_BIN="$$(hack/k8s/build.sh)" $(GO) test -tags e2e -count=1 -v -timeout $(E2E_TIMEOUT) -run '$(E2E_RUN)' ./integration/e2e/
+
+test: setup build images unit integration e2e ## Set up the host, then run the unit, integration and e2e tests
 
 demo: setup-demo install images ## Set up, install, start containerd and boot the demo VM with its console here
 	hack/demo.sh

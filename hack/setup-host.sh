@@ -26,6 +26,7 @@ PACKAGES=(
 	containernetworking-plugins iproute2 ethtool
 	libxml2-utils genisoimage ipxe
 	cloud-init debootstrap e2fsprogs fdisk iperf3 qemu-guest-agent
+	etcd-server iptables conntrack
 )
 # shellcheck disable=SC2206 # word splitting of the list is intended
 PACKAGES+=(${EXTRA_PACKAGES:-})

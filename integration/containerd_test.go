@@ -19,7 +19,7 @@ const (
 	nsCRI       = testenv.NamespaceCRI
 	kvmRuntime  = testenv.RuntimeKVM
 	runcRuntime = testenv.RuntimeRunc
-	shimBinary  = "containerd-shim-kvm-v1"
+	shimBinary  = testenv.ShimBinary
 	cniNetwork  = "kvmtest"
 )
 
@@ -34,24 +34,6 @@ var networks = map[string]network{
 	"1.6": {"kvmtest0", "10.89.0.0/24"},
 	"2.x": {"kvmtest1", "10.89.1.0/24"},
 }
-
-// shimConfig is the kvm shim's own config, passed as runtime option
-// ConfigPath, beyond the libvirt_uri and state_dir testenv writes; its
-// arguments are qemu_wrapper and numa_state_file.
-//
-// The host is shared: a shim that starts adopts the NUMA placement of every
-// live VM on the node into its store, other people's too (a benchmark's ten
-// VMs fill a 2-CPU node at the default cpu_threshold of 4). Generous
-// thresholds keep the suite's VMs placeable whatever else runs; placement
-// itself (node and dedicated) is still checked by TestCtrNUMA.
-const shimConfig = `accel = "tcg"
-qemu_wrapper = %q
-numa_state_file = %q
-cpu_threshold = 100.0
-mem_threshold = 16.0
-default_vcpus = 1
-default_memory_mib = 256
-`
 
 // containerd is one private containerd instance started by the suite.
 type containerd struct {
@@ -74,7 +56,7 @@ func startContainerd(s *testSuite, f testenv.Flavour, o testenv.Options) (*conta
 	o.Dir = filepath.Join(s.tmp, f.Name)
 	numa := filepath.Join(o.Dir, "numa", "numa.json")
 	o.PathPrefix = s.binDir
-	o.ShimConfig = fmt.Sprintf(shimConfig, s.wrapper, numa)
+	o.ShimConfig = testenv.SuiteShimConfig(s.wrapper, numa)
 	o.SandboxImage = sandboxImage
 	o.CNINetwork = cniNetwork
 	o.DefaultGateway = true

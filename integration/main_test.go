@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
@@ -55,7 +54,7 @@ func runMain(m *testing.M) int {
 		return m.Run()
 	}
 	// The CNI bridges and subnets are fixed names on this host: one run at a time.
-	unlock, err := lockHost()
+	unlock, err := testenv.LockHost(testenv.IntegrationLock)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "integration: %v\n", err)
 		return 1
@@ -105,14 +104,10 @@ func newSuite() (*testSuite, error) {
 	if err := os.MkdirAll(s.binDir, 0o755); err != nil {
 		return s, err
 	}
-	if out, err := s.buildShim(); err != nil {
-		fmt.Fprintf(os.Stderr, "integration: building the shim failed; tests that need it will fail:\n%s\n", out)
-		s.shimErr = fmt.Errorf("go build ./cmd/containerd-shim-kvm-v1 failed (its output is at the start of the run): %v", err)
-	}
-	if out, err := s.buildWrapper(); err != nil {
-		fmt.Fprintf(os.Stderr, "integration: building the emulator wrapper failed; tests that need it will fail:\n%s\n", out)
-		s.shimErr = errors.Join(s.shimErr,
-			fmt.Errorf("go build ./cmd/kvm-qemu-wrapper failed (its output is at the start of the run): %v", err))
+	s.wrapperDir = fmt.Sprintf("/run/kvm-shim-it-%d", os.Getpid())
+	if s.wrapper, err = testenv.BuildShim(repo, s.binDir, s.wrapperDir); err != nil {
+		fmt.Fprintf(os.Stderr, "integration: building the shim failed; tests that need it will fail:\n%v\n", err)
+		s.shimErr = errors.New("building the shim or the emulator wrapper failed (its output is at the start of the run)")
 	}
 	if out, err := s.buildCNIBin(); err != nil {
 		fmt.Fprintf(os.Stderr, "integration: building the test CNI plugin failed; network shape tests will fail:\n%s\n", out)
@@ -146,34 +141,6 @@ func newSuite() (*testSuite, error) {
 		}
 	}
 	return s, nil
-}
-
-// buildShim builds the shim from the current tree, so tests always test it.
-func (s *testSuite) buildShim() (output []byte, err error) {
-	cmd := exec.Command("go", "build", "-o", filepath.Join(s.binDir, shimBinary), "./cmd/containerd-shim-kvm-v1")
-	cmd.Dir = s.repo
-	return cmd.CombinedOutput()
-}
-
-// buildWrapper builds kvm-qemu-wrapper from the current tree, statically,
-// into wrapperDir: /run/kvm-shim-it-<pid>/bin, mode 0755 all the way
-// down, so that libvirt's QEMU user can traverse to it and execute it.
-func (s *testSuite) buildWrapper() (output []byte, err error) {
-	s.wrapperDir = fmt.Sprintf("/run/kvm-shim-it-%d", os.Getpid())
-	bin := filepath.Join(s.wrapperDir, "bin")
-	s.wrapper = filepath.Join(bin, "kvm-qemu-wrapper")
-	for _, d := range []string{s.wrapperDir, bin} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return nil, err
-		}
-		if err := os.Chmod(d, 0o755); err != nil {
-			return nil, err
-		}
-	}
-	cmd := exec.Command("go", "build", "-o", s.wrapper, "./cmd/kvm-qemu-wrapper")
-	cmd.Dir = s.repo
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	return cmd.CombinedOutput()
 }
 
 // buildCNIBin makes the CNI plugin dir of the suite's containerds: every
@@ -269,25 +236,6 @@ func (s *testSuite) forEachFlavour(t *testing.T, f func(t *testing.T, c *contain
 			f(t, c)
 		})
 	}
-}
-
-// hostLock serialises integration runs on this host.
-const hostLock = "/run/kvm-shim-integration.lock"
-
-// lockHost takes hostLock, waiting while another run holds it.
-func lockHost() (unlock func(), err error) {
-	f, err := os.OpenFile(hostLock, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		fmt.Fprintf(os.Stderr, "integration: waiting for another integration run to release %s\n", hostLock)
-		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", hostLock, err)
-		}
-	}
-	return func() { f.Close() }, nil
 }
 
 func envOr(key, def string) string {

@@ -194,6 +194,15 @@ func (f *fakeDomains) State(name string) (vm.State, error) {
 }
 
 func (f *fakeDomains) Stats(name string) (vm.Stats, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d, err := f.get(name)
+	if err != nil {
+		return vm.Stats{}, err
+	}
+	if !d.running { // libvirt's memory stats: "domain is not running"
+		return vm.Stats{}, notRunning(name)
+	}
 	return vm.Stats{CPUTimeNs: 42, RSSBytes: 1 << 20, MemoryBytes: 256 << 20}, nil
 }
 

@@ -588,7 +588,15 @@ func (t *vmTask) stats(ctx context.Context) (vm.Stats, error) {
 	if err != nil {
 		return vm.Stats{}, err
 	}
-	return t.h.conn.Stats(t.rec.Domain)
+	st, err := t.h.conn.Stats(t.rec.Domain)
+	if errdefs.IsFailedPrecondition(err) || errdefs.IsNotFound(err) {
+		// The VM stopped (or is stopping) and its exit event has not
+		// reached the task yet: to containerd a task whose process is gone
+		// has no stats (NotFound, which its metrics collection skips
+		// quietly; FailedPrecondition it logs as an error on every exit).
+		return vm.Stats{}, fmt.Errorf("stats %s: the VM is not running (%v): %w", t.id, err, errdefs.ErrNotFound)
+	}
+	return st, err
 }
 
 // delete tears down everything the task made. A running VM must be killed

@@ -331,6 +331,28 @@ func TestVMTaskResyncFindsMissedExit(t *testing.T) {
 	}
 }
 
+// Stats on a VM that stopped before its exit reached the task, and after,
+// is NotFound: containerd's metrics collection skips such a task quietly
+// but logs any other error (FailedPrecondition "domain is not running" was
+// logged on every VM exit).
+func TestVMTaskStatsOfStoppedVM(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.started()
+	st, err := vt.stats(context.Background())
+	if err != nil || st.CPUTimeNs == 0 {
+		t.Fatalf("stats of a running VM: %+v, %v", st, err)
+	}
+	f.fake.stop(vt.rec.Domain, vm.StopShutdown) // no event delivered yet
+	if _, err := vt.stats(context.Background()); !errdefs.IsNotFound(err) {
+		t.Errorf("stats of a VM that stopped behind the task: %v, want NotFound", err)
+	}
+	vt.resync(context.Background())
+	waitExit(t, vt)
+	if _, err := vt.stats(context.Background()); !errdefs.IsNotFound(err) {
+		t.Errorf("stats of a stopped task: %v, want NotFound", err)
+	}
+}
+
 func TestVMTaskPauseResume(t *testing.T) {
 	f := newVMFixture(t)
 	vt := f.started()

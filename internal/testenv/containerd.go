@@ -92,6 +92,9 @@ type Containerd struct {
 	LogLevel       string
 	MountSetup     string
 
+	argv, env    []string // the daemon's command line and environment
+	startTimeout time.Duration
+
 	cmd     *exec.Cmd
 	exited  chan struct{} // closed once the process is reaped
 	waitErr error         // set before exited is closed
@@ -142,18 +145,11 @@ func Start(ctx context.Context, f Flavour, o Options) (*Containerd, error) {
 		return nil, err
 	}
 
-	logf, err := os.Create(c.LogPath)
-	if err != nil {
-		return nil, err
-	}
-	defer logf.Close()
 	argv := []string{f.Containerd, "--config", c.ConfigPath}
 	if c.MountSetup != "" {
 		argv = append([]string{"unshare", "--mount", "--propagation", "private",
 			"sh", "-euc", c.MountSetup + "\nexec \"$@\"", "sh"}, argv...)
 	}
-	c.cmd = exec.Command(argv[0], argv[1:]...)
-	c.cmd.Stdout, c.cmd.Stderr = logf, logf
 	path := os.Getenv("PATH")
 	if f.RuncShim != "" {
 		dir, err := runcShimDir(o.Dir, f.RuncShim)
@@ -165,29 +161,71 @@ func Start(ctx context.Context, f Flavour, o Options) (*Containerd, error) {
 	if o.PathPrefix != "" {
 		path = o.PathPrefix + ":" + path
 	}
-	c.cmd.Env = append(os.Environ(), "PATH="+path)
-	// Its own process group: a ^C to the caller must not kill the daemon
-	// before the caller has cleaned up through it.
-	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := c.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start containerd %s: %w", f.Name, err)
+	c.argv, c.env = argv, append(os.Environ(), "PATH="+path)
+	if err := c.launch(); err != nil {
+		return nil, err
 	}
-	c.exited = make(chan struct{})
-	go func() {
-		c.waitErr = c.cmd.Wait()
-		close(c.exited)
-	}()
 
 	timeout := o.StartTimeout
 	if timeout == 0 {
 		timeout = time.Minute
 	}
+	c.startTimeout = timeout
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if err := c.waitReady(ctx); err != nil {
 		return c, fmt.Errorf("containerd %s did not get ready: %w\nlog tail:\n%s", f.Name, err, c.LogTail(0, 40))
 	}
 	return c, nil
+}
+
+// launch starts the daemon process, appending to its log.
+func (c *Containerd) launch() error {
+	logf, err := os.OpenFile(c.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(c.argv[0], c.argv[1:]...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = c.env
+	// Its own process group: a ^C to the caller must not kill the daemon
+	// before the caller has cleaned up through it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start containerd %s: %w", c.Flavour.Name, err)
+	}
+	exited := make(chan struct{})
+	c.cmd, c.exited = cmd, exited
+	go func() {
+		c.waitErr = cmd.Wait()
+		close(exited)
+	}()
+	return nil
+}
+
+// Restart stops the daemon with SIGTERM, as an upgrade on a node does
+// (its shims, and so their tasks, keep running), starts it again with the
+// same configuration and waits until it is ready.
+func (c *Containerd) Restart(ctx context.Context) error {
+	if c.Exited() {
+		return fmt.Errorf("containerd %s had exited: %v", c.Flavour.Name, c.waitErr)
+	}
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.exited:
+	case <-time.After(30 * time.Second):
+		return fmt.Errorf("containerd %s ignored SIGTERM for 30s", c.Flavour.Name)
+	}
+	if err := c.launch(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.startTimeout)
+	defer cancel()
+	if err := c.waitReady(ctx); err != nil {
+		return fmt.Errorf("containerd %s did not get ready after a restart: %w\nlog tail:\n%s", c.Flavour.Name, err, c.LogTail(0, 40))
+	}
+	return nil
 }
 
 // newContainerd lays out the daemon o describes; it creates nothing.

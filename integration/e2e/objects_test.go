@@ -1,0 +1,117 @@
+//go:build e2e
+
+package e2e
+
+// The objects the tests apply, as Go values that encoding/json turns into
+// the manifests a user would write.
+
+type obj = map[string]any
+
+func runtimeClass() obj {
+	return obj{
+		"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+		"metadata": obj{"name": "kvm"},
+		"handler":  "kvm",
+	}
+}
+
+// podOpts describe a pod of the tests: one container called "main" for a
+// runc pod, "vm" for a VM pod.
+type podOpts struct {
+	name   string
+	image  string
+	vm     bool   // runtimeClassName kvm
+	stdin  bool   // for kubectl attach -i
+	probe  int    // tcpSocket readiness probe port; 0 for none
+	labels obj    // pod labels; app=<name> when nil
+	grace  int    // terminationGracePeriodSeconds; 0 means 30
+	memory string // memory limit; "" means 256Mi
+}
+
+func (o podOpts) container() string {
+	if o.vm {
+		return "vm"
+	}
+	return "main"
+}
+
+// podSpec is the pod's spec: bound to the node (there is no scheduler),
+// no service account token, no service links, the host's DNS.
+func podSpec(o podOpts) obj {
+	if o.grace == 0 {
+		o.grace = 30
+	}
+	if o.memory == "" {
+		o.memory = "256Mi"
+	}
+	c := obj{
+		"name":            o.container(),
+		"image":           o.image,
+		"imagePullPolicy": "Never",
+		"stdin":           o.stdin,
+		// The node has 2 CPUs and no scheduler: kubelet refuses a pod
+		// whose requests do not fit (OutOfcpu), and a Deployment then
+		// makes new pods without end. Request little, limit one CPU.
+		"resources": obj{
+			"requests": obj{"cpu": "50m", "memory": o.memory},
+			"limits":   obj{"cpu": "1", "memory": o.memory},
+		},
+	}
+	if o.probe != 0 {
+		c["readinessProbe"] = obj{
+			"tcpSocket":     obj{"port": o.probe},
+			"periodSeconds": 1, "timeoutSeconds": 1, "failureThreshold": 1,
+		}
+	}
+	spec := obj{
+		"nodeName":                      nodeName,
+		"automountServiceAccountToken":  false,
+		"enableServiceLinks":            false,
+		"dnsPolicy":                     "Default",
+		"terminationGracePeriodSeconds": o.grace,
+		"containers":                    []obj{c},
+	}
+	if o.vm {
+		spec["runtimeClassName"] = "kvm"
+	}
+	return spec
+}
+
+func (o podOpts) podLabels() obj {
+	if o.labels != nil {
+		return o.labels
+	}
+	return obj{"app": o.name}
+}
+
+func pod(o podOpts) obj {
+	return obj{
+		"apiVersion": "v1", "kind": "Pod",
+		"metadata": obj{"name": o.name, "namespace": "default", "labels": o.podLabels()},
+		"spec":     podSpec(o),
+	}
+}
+
+func deployment(name string, replicas int, o podOpts) obj {
+	return obj{
+		"apiVersion": "apps/v1", "kind": "Deployment",
+		"metadata": obj{"name": name, "namespace": "default"},
+		"spec": obj{
+			"replicas": replicas,
+			"selector": obj{"matchLabels": o.podLabels()},
+			"template": obj{"metadata": obj{"labels": o.podLabels()}, "spec": podSpec(o)},
+		},
+	}
+}
+
+func service(name string, selector obj, port, targetPort int) obj {
+	return obj{
+		"apiVersion": "v1", "kind": "Service",
+		"metadata": obj{"name": name, "namespace": "default"},
+		"spec": obj{
+			"type":     "ClusterIP",
+			"selector": selector,
+			"ports":    []obj{{"port": port, "targetPort": targetPort, "protocol": "TCP"}},
+		},
+	}
+}

@@ -1,0 +1,484 @@
+package kube
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
+)
+
+// DefaultEtcd is Debian's etcd-server.
+const DefaultEtcd = "/usr/bin/etcd"
+
+// Ports are the TCP ports of the cluster's components, on 127.0.0.1 or
+// the node IP. Pick ports nothing else on the host uses.
+type Ports struct {
+	EtcdClient, EtcdPeer       int
+	APIServer                  int
+	ControllerManager          int
+	Kubelet, KubeletHealthz    int
+	ProxyHealthz, ProxyMetrics int
+}
+
+// DefaultPorts are well away from the components' usual ports, so a
+// cluster already running on the host is not disturbed.
+var DefaultPorts = Ports{
+	EtcdClient: 22379, EtcdPeer: 22380,
+	APIServer:         26443,
+	ControllerManager: 20257,
+	Kubelet:           20250, KubeletHealthz: 20248,
+	ProxyHealthz: 20256, ProxyMetrics: 20249,
+}
+
+// Options describe one cluster.
+type Options struct {
+	// Dir holds everything of the cluster: PKI, configs, etcd data,
+	// kubelet's root dir, pod logs, component logs.
+	Dir string
+	// BinDir holds kube-apiserver, kube-controller-manager, kubelet,
+	// kube-proxy and kubectl (hack/k8s/build.sh).
+	BinDir string
+	// Etcd is the etcd binary; "" means DefaultEtcd.
+	Etcd string
+	// Node is the node's name.
+	Node string
+	// NodeLink is a network link Start creates to carry NodeIP: the
+	// apiserver refuses to proxy to a loopback address, so the node
+	// needs another one. Pick a name and address no one else uses.
+	NodeLink string
+	NodeIP   net.IP
+	// ServiceCIDR is the Service ClusterIP range, PodCIDR the CNI network's
+	// subnet (kube-proxy's clusterCIDR). Neither may overlap a network
+	// the host uses.
+	ServiceCIDR, PodCIDR string
+	// CRISocket is the path of containerd's socket.
+	CRISocket string
+	// Ports; zero means DefaultPorts.
+	Ports Ports
+	// StartTimeout bounds the whole start; 0 means three minutes (the
+	// apiserver's first start on a loaded host takes a while).
+	StartTimeout time.Duration
+}
+
+// Cluster is a started cluster.
+type Cluster struct {
+	Options
+	PKI        *PKI
+	PodLogsDir string
+	KubeletDir string // kubelet's root dir
+	// Kubeconfig is the admin's (system:masters) kubeconfig.
+	Kubeconfig string
+
+	etcd, apiserver, controllerManager, kubelet, kubeProxy *process
+	linkMade                                               bool
+}
+
+// Start lays out the cluster below o.Dir and starts etcd, the apiserver,
+// the controller manager, kubelet and kube-proxy, waiting for each; it
+// returns once the node is Ready and the default service account exists.
+// On error the returned Cluster, if not nil, must still be stopped.
+func Start(ctx context.Context, o Options) (*Cluster, error) {
+	if o.Dir == "" || !filepath.IsAbs(o.Dir) {
+		return nil, fmt.Errorf("kube: Options.Dir %q must be an absolute path", o.Dir)
+	}
+	if o.Node == "" || o.NodeLink == "" || o.NodeIP.To4() == nil || o.ServiceCIDR == "" || o.PodCIDR == "" || o.CRISocket == "" {
+		return nil, errors.New("kube: Options.Node, NodeLink, NodeIP (IPv4), ServiceCIDR, PodCIDR and CRISocket are required")
+	}
+	if o.Etcd == "" {
+		o.Etcd = DefaultEtcd
+	}
+	if o.Ports == (Ports{}) {
+		o.Ports = DefaultPorts
+	}
+	if o.StartTimeout == 0 {
+		o.StartTimeout = 3 * time.Minute
+	}
+	for _, bin := range []string{o.Etcd, o.bin("kube-apiserver"), o.bin("kube-controller-manager"), o.bin("kubelet"), o.bin("kube-proxy"), o.bin("kubectl")} {
+		if _, err := os.Stat(bin); err != nil {
+			return nil, fmt.Errorf("kube: %w (hack/k8s/build.sh builds the Kubernetes binaries; hack/setup-host.sh installs etcd-server)", err)
+		}
+	}
+	_, svcNet, err := net.ParseCIDR(o.ServiceCIDR)
+	if err != nil {
+		return nil, fmt.Errorf("kube: ServiceCIDR: %w", err)
+	}
+	// The kubernetes Service takes the range's first address.
+	serviceIP := make(net.IP, 4)
+	copy(serviceIP, svcNet.IP.To4())
+	serviceIP[3]++
+
+	c := &Cluster{
+		Options:    o,
+		PodLogsDir: filepath.Join(o.Dir, "pod-logs"),
+		KubeletDir: filepath.Join(o.Dir, "kubelet"),
+		Kubeconfig: filepath.Join(o.Dir, "admin.kubeconfig"),
+	}
+	for _, d := range []string{o.Dir, c.PodLogsDir, c.KubeletDir, filepath.Join(o.Dir, "etcd")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	if c.PKI, err = newPKI(filepath.Join(o.Dir, "pki"), o.Node, o.NodeIP, serviceIP); err != nil {
+		return nil, err
+	}
+	if err := c.makeLink(); err != nil {
+		return c, err
+	}
+	if err := c.writeConfigs(); err != nil {
+		return c, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.StartTimeout)
+	defer cancel()
+
+	steps := []struct {
+		p     **process
+		make  func() *process
+		ready func(context.Context) error
+	}{
+		{&c.etcd, c.etcdProcess, c.etcdReady},
+		{&c.apiserver, c.apiserverProcess, c.apiserverReady},
+		{&c.controllerManager, c.controllerManagerProcess, nil},
+		{&c.kubelet, c.kubeletProcess, c.nodeReady},
+		{&c.kubeProxy, c.kubeProxyProcess, nil},
+	}
+	for _, s := range steps {
+		p := s.make()
+		*s.p = p
+		if err := p.start(); err != nil {
+			return c, err
+		}
+		if s.ready == nil {
+			continue
+		}
+		if err := c.waitFor(ctx, p, s.ready); err != nil {
+			return c, err
+		}
+	}
+	if err := c.waitFor(ctx, c.controllerManager, c.defaultServiceAccount); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+func (o Options) bin(name string) string { return filepath.Join(o.BinDir, name) }
+
+func (c *Cluster) kubeconfigPath(user string) string {
+	return filepath.Join(c.Dir, user+".kubeconfig")
+}
+
+func (c *Cluster) writeConfigs() error {
+	server := fmt.Sprintf("https://127.0.0.1:%d", c.Ports.APIServer)
+	for user, p := range map[string]pair{
+		"admin": c.PKI.Admin, "controller-manager": c.PKI.ControllerManager,
+		"kubelet": c.PKI.Kubelet, "kube-proxy": c.PKI.KubeProxy,
+	} {
+		if err := writeKubeconfig(c.kubeconfigPath(user), server, c.PKI.CA, p); err != nil {
+			return err
+		}
+	}
+	if err := writeJSON(filepath.Join(c.Dir, "kubelet.json"), c.kubeletConfig()); err != nil {
+		return err
+	}
+	return writeJSON(filepath.Join(c.Dir, "kube-proxy.json"), c.kubeProxyConfig())
+}
+
+// makeLink creates the node's link with NodeIP; a link of that name
+// left by an earlier run that died is replaced.
+func (c *Cluster) makeLink() error {
+	if _, err := os.Stat(filepath.Join("/sys/class/net", c.NodeLink)); err == nil {
+		if err := run("ip", "link", "del", c.NodeLink); err != nil {
+			return err
+		}
+	}
+	// A bridge without ports: the dummy link type is a module this
+	// machine's kernel lacks, the bridge one CNI loads anyway. The address
+	// is local whether or not the link has a carrier.
+	if err := run("ip", "link", "add", c.NodeLink, "type", "bridge"); err != nil {
+		return err
+	}
+	c.linkMade = true
+	if err := run("ip", "addr", "add", c.NodeIP.String()+"/32", "dev", c.NodeLink); err != nil {
+		return err
+	}
+	return run("ip", "link", "set", c.NodeLink, "up")
+}
+
+func run(argv ...string) error {
+	if out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput(); err != nil {
+		return fmt.Errorf("%s: %v: %s", strings.Join(argv, " "), err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+func (c *Cluster) newProcess(name string, argv ...string) *process {
+	return &process{name: name, argv: argv, logPath: c.LogPath(name)}
+}
+
+// LogPath is the log file of a component: etcd, kube-apiserver,
+// kube-controller-manager, kubelet or kube-proxy.
+func (c *Cluster) LogPath(component string) string {
+	return filepath.Join(c.Dir, component+".log")
+}
+
+func (c *Cluster) etcdProcess() *process {
+	client := fmt.Sprintf("http://127.0.0.1:%d", c.Ports.EtcdClient)
+	peer := fmt.Sprintf("http://127.0.0.1:%d", c.Ports.EtcdPeer)
+	return c.newProcess("etcd", c.Etcd,
+		"--name", "e2e",
+		"--data-dir", filepath.Join(c.Dir, "etcd"),
+		"--listen-client-urls", client, "--advertise-client-urls", client,
+		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+		"--initial-cluster", "e2e="+peer,
+		"--log-level", "warn", "--logger", "zap")
+}
+
+func (c *Cluster) apiserverProcess() *process {
+	p := c.PKI
+	return c.newProcess("kube-apiserver", c.bin("kube-apiserver"),
+		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", c.Ports.EtcdClient),
+		"--bind-address=127.0.0.1",
+		fmt.Sprintf("--secure-port=%d", c.Ports.APIServer),
+		"--advertise-address="+c.NodeIP.String(),
+		"--service-cluster-ip-range="+c.ServiceCIDR,
+		"--client-ca-file="+p.CA,
+		"--tls-cert-file="+p.APIServer.Cert, "--tls-private-key-file="+p.APIServer.Key,
+		"--kubelet-client-certificate="+p.APIServerKubelet.Cert, "--kubelet-client-key="+p.APIServerKubelet.Key,
+		"--kubelet-certificate-authority="+p.CA,
+		"--kubelet-preferred-address-types=InternalIP",
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file="+p.ServiceAccountPub,
+		"--service-account-signing-key-file="+p.ServiceAccountKey,
+		"--authorization-mode=Node,RBAC",
+		"--enable-admission-plugins=NodeRestriction",
+		"--profiling=false",
+		"--v=1")
+}
+
+func (c *Cluster) controllerManagerProcess() *process {
+	kc := c.kubeconfigPath("controller-manager")
+	return c.newProcess("kube-controller-manager", c.bin("kube-controller-manager"),
+		"--kubeconfig="+kc, "--authentication-kubeconfig="+kc, "--authorization-kubeconfig="+kc,
+		"--bind-address=127.0.0.1",
+		fmt.Sprintf("--secure-port=%d", c.Ports.ControllerManager),
+		"--leader-elect=false",
+		"--use-service-account-credentials=false",
+		"--service-account-private-key-file="+c.PKI.ServiceAccountKey,
+		"--root-ca-file="+c.PKI.CA,
+		"--profiling=false",
+		"--v=1")
+}
+
+func (c *Cluster) kubeletProcess() *process {
+	return c.newProcess("kubelet", c.bin("kubelet"),
+		"--config="+filepath.Join(c.Dir, "kubelet.json"),
+		"--kubeconfig="+c.kubeconfigPath("kubelet"),
+		"--hostname-override="+c.Node,
+		"--node-ip="+c.NodeIP.String(),
+		"--root-dir="+c.KubeletDir,
+		"--cert-dir="+filepath.Join(c.Dir, "kubelet-pki"),
+		"--v=2")
+}
+
+func (c *Cluster) kubeProxyProcess() *process {
+	return c.newProcess("kube-proxy", c.bin("kube-proxy"),
+		"--config="+filepath.Join(c.Dir, "kube-proxy.json"), "--v=1")
+}
+
+// waitFor polls ready until it succeeds, ctx ends or p exits.
+func (c *Cluster) waitFor(ctx context.Context, p *process, ready func(context.Context) error) error {
+	var last error
+	for {
+		if !p.running() {
+			return fmt.Errorf("%s exited: %v\nlog tail:\n%s", p.name, p.waitErr, c.LogTail(p.name, 30))
+		}
+		if last = ready(ctx); last == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s not ready: %v: %w\nlog tail:\n%s", p.name, last, ctx.Err(), c.LogTail(p.name, 30))
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func (c *Cluster) etcdReady(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/health", c.Ports.EtcdClient), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	var h struct {
+		Health string `json:"health"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+		return err
+	}
+	if h.Health != "true" {
+		return fmt.Errorf("etcd health %q", h.Health)
+	}
+	return nil
+}
+
+func (c *Cluster) apiserverReady(ctx context.Context) error {
+	out, err := c.Kubectl(ctx, nil, "get", "--raw", "/readyz")
+	if err != nil {
+		return err
+	}
+	if strings.TrimSpace(out) != "ok" {
+		return fmt.Errorf("readyz: %s", out)
+	}
+	return nil
+}
+
+func (c *Cluster) nodeReady(ctx context.Context) error {
+	out, err := c.Kubectl(ctx, nil, "get", "node", c.Node, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+	if err != nil {
+		return err
+	}
+	if out != "True" {
+		return fmt.Errorf("node %s Ready=%q", c.Node, out)
+	}
+	return nil
+}
+
+// defaultServiceAccount waits for the controller manager to make the
+// default namespace's service account, which pods need to be admitted.
+func (c *Cluster) defaultServiceAccount(ctx context.Context) error {
+	_, err := c.Kubectl(ctx, nil, "get", "serviceaccount", "default", "-n", "default", "-o", "name")
+	return err
+}
+
+// Kubectl runs the cluster's kubectl as the admin with stdin (nil for
+// none) and returns its stdout; the error carries stderr.
+func (c *Cluster) Kubectl(ctx context.Context, stdin []byte, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	cmd := c.KubectlCmd(ctx, args...)
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), fmt.Errorf("kubectl %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return stdout.String(), nil
+}
+
+// KubectlCmd returns, unstarted, the cluster's kubectl as the admin.
+func (c *Cluster) KubectlCmd(ctx context.Context, args ...string) *exec.Cmd {
+	return exec.CommandContext(ctx, c.bin("kubectl"), append([]string{"--kubeconfig=" + c.Kubeconfig}, args...)...)
+}
+
+// Apply applies objects (Go values that marshal to Kubernetes objects).
+func (c *Cluster) Apply(ctx context.Context, objects ...any) error {
+	for _, o := range objects {
+		b, err := json.Marshal(o)
+		if err != nil {
+			return err
+		}
+		if _, err := c.Kubectl(ctx, b, "apply", "-f", "-"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// RestartKubelet stops kubelet (SIGTERM) and starts it again with the same
+// configuration, then waits for the node to be Ready.
+func (c *Cluster) RestartKubelet(ctx context.Context) error {
+	if err := c.kubelet.stop(30 * time.Second); err != nil {
+		return err
+	}
+	c.kubelet = c.kubeletProcess()
+	if err := c.kubelet.start(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.StartTimeout)
+	defer cancel()
+	return c.waitFor(ctx, c.kubelet, c.nodeReady)
+}
+
+// LogSize is a component log's current size, a mark for LogSince.
+func (c *Cluster) LogSize(component string) int64 {
+	fi, err := os.Stat(c.LogPath(component))
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// LogSince returns what a component logged after byte offset from.
+func (c *Cluster) LogSince(component string, from int64) string {
+	b, err := os.ReadFile(c.LogPath(component))
+	if err != nil {
+		return err.Error()
+	}
+	if from > int64(len(b)) {
+		from = 0
+	}
+	return string(b[from:])
+}
+
+// LogTail returns the last n lines of a component's log.
+func (c *Cluster) LogTail(component string, n int) string {
+	lines := strings.Split(strings.TrimRight(c.LogSince(component, 0), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Stop stops kube-proxy (and removes its iptables rules), kubelet, the
+// controller manager, the apiserver and etcd, each by its pid, then
+// unmounts what kubelet left mounted and deletes the node's link. Pods
+// should be deleted before: kubelet does not stop them when it stops.
+func (c *Cluster) Stop() error {
+	var errs []error
+	if c.kubeProxy != nil {
+		errs = append(errs, c.kubeProxy.stop(10*time.Second))
+		// kube-proxy leaves its chains in place when it stops.
+		cleanup := c.newProcess("kube-proxy-cleanup", c.bin("kube-proxy"), "--cleanup", "--v=1")
+		if err := cleanup.start(); err != nil {
+			errs = append(errs, err)
+		} else {
+			<-cleanup.exited
+			if cleanup.waitErr != nil {
+				errs = append(errs, fmt.Errorf("kube-proxy --cleanup: %v", cleanup.waitErr))
+			}
+		}
+	}
+	errs = append(errs, stopAll(30*time.Second, c.kubelet, c.controllerManager, c.apiserver, c.etcd))
+	errs = append(errs, testenv.UnmountAll(c.KubeletDir))
+	if c.linkMade {
+		errs = append(errs, run("ip", "link", "del", c.NodeLink))
+	}
+	return errors.Join(errs...)
+}
+
+// Pid is the pid of a running component, 0 if it does not run.
+func (c *Cluster) Pid(component string) int {
+	for _, p := range []*process{c.etcd, c.apiserver, c.controllerManager, c.kubelet, c.kubeProxy} {
+		if p != nil && p.name == component && p.running() {
+			return p.cmd.Process.Pid
+		}
+	}
+	return 0
+}

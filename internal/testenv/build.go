@@ -1,0 +1,91 @@
+package testenv
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+)
+
+// ShimBinary is the shim's binary name; containerd finds it on its PATH.
+const ShimBinary = "containerd-shim-kvm-v1"
+
+// BuildShim builds the shim from the repository at repo into binDir, and
+// kvm-qemu-wrapper, statically, into wrapperDir/bin: libvirt runs the
+// wrapper as the QEMU user, so wrapperDir (under /run, say) and bin are
+// made mode 0755. It returns the wrapper's path; the error carries the
+// build's output.
+func BuildShim(repo, binDir, wrapperDir string) (wrapper string, err error) {
+	bin := filepath.Join(wrapperDir, "bin")
+	for _, d := range []string{binDir, wrapperDir, bin} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return "", err
+		}
+		if err := os.Chmod(d, 0o755); err != nil {
+			return "", err
+		}
+	}
+	wrapper = filepath.Join(bin, "kvm-qemu-wrapper")
+	builds := []struct {
+		out, pkg string
+	}{
+		{filepath.Join(binDir, ShimBinary), "./cmd/containerd-shim-kvm-v1"},
+		{wrapper, "./cmd/kvm-qemu-wrapper"},
+	}
+	for _, b := range builds {
+		cmd := exec.Command("go", "build", "-o", b.out, b.pkg)
+		cmd.Dir = repo
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out)
+		}
+	}
+	return wrapper, nil
+}
+
+// Host locks: runs that take the same fixed names (CNI bridges, subnets,
+// links, ports) on this host wait for each other. The integration suite
+// and the e2e tier use disjoint names and each has its own lock.
+const (
+	IntegrationLock = "/run/kvm-shim-integration.lock"
+	E2ELock         = "/run/kvm-shim-e2e.lock"
+)
+
+// LockHost takes the lock file path, waiting while another run holds it.
+func LockHost(path string) (unlock func(), err error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		fmt.Fprintf(os.Stderr, "waiting for another run to release %s\n", path)
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+	}
+	return func() { f.Close() }, nil
+}
+
+// SuiteShimConfig is the kvm shim's own config for the test suites (passed
+// as Options.ShimConfig, beyond the libvirt_uri and state_dir testenv
+// writes): TCG, the freshly built emulator wrapper and a NUMA store of the
+// suite's own.
+//
+// The host is shared: a shim that starts adopts the NUMA placement of every
+// live VM on the node into its store, other people's too (a benchmark's ten
+// VMs fill a 2-CPU node at the default cpu_threshold of 4). Generous
+// thresholds keep the suite's VMs placeable whatever else runs; placement
+// itself (node and dedicated) is still checked by the integration suite's
+// TestCtrNUMA.
+func SuiteShimConfig(wrapper, numaStateFile string) string {
+	return fmt.Sprintf(`accel = "tcg"
+qemu_wrapper = %q
+numa_state_file = %q
+cpu_threshold = 100.0
+mem_threshold = 16.0
+default_vcpus = 1
+default_memory_mib = 256
+`, wrapper, numaStateFile)
+}
