@@ -20,6 +20,7 @@ type fakeDomains struct {
 	startErr error
 	resumed  func(name string) // called after a Resume, without mu
 	shutdown func(name string) // called as a Shutdown begins, without mu
+	pid      int               // QEMU's pid for every domain; 0 is 4242
 }
 
 type fakeDomain struct {
@@ -201,4 +202,11 @@ func (f *fakeDomains) Metadata(name string) (vm.Metadata, error) {
 	return d.meta, nil
 }
 
-func (f *fakeDomains) PID(name string) (int, error) { return 4242, nil }
+func (f *fakeDomains) PID(name string) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.pid != 0 {
+		return f.pid, nil
+	}
+	return 4242, nil
+}

@@ -61,7 +61,7 @@ func resolvConf(spec *specs.Spec) string {
 // (and vhost-net) to the VM's emulator wrapper. record is given what the
 // next step makes before it is taken, and each step's undo goes on undo
 // as soon as it succeeds.
-func setupNetwork(ctx context.Context, h *host, netns, domain, key string, vcpus int, record func(*vmNetwork) error, undo *rollback) (*vmNetwork, netfd.PodNetwork, *netfd.Server, error) {
+func setupNetwork(ctx context.Context, h *host, netns, domain, key string, vcpus int, record func(*vmNetwork) error, undo *rollback, fdOpts ...netfd.ServeOption) (*vmNetwork, netfd.PodNetwork, *netfd.Server, error) {
 	pn, err := netfd.Inspect(netns)
 	if err != nil {
 		return nil, pn, nil, err
@@ -112,7 +112,7 @@ func setupNetwork(ctx context.Context, h *host, netns, domain, key string, vcpus
 			return grant, nil, nil, err
 		}
 		return grant, q, v, nil
-	})
+	}, fdOpts...)
 	if err != nil {
 		return nil, pn, nil, err
 	}

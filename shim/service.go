@@ -300,6 +300,13 @@ func (s *service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.
 	}
 	var st vm.Stats
 	if v, ok := t.(*vmTask); ok {
+		if v.cgroup != nil {
+			any, err := v.cgroupStats(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return &taskAPI.StatsResponse{Stats: any}, nil
+		}
 		if st, err = v.stats(ctx); err != nil {
 			return nil, err
 		}

@@ -44,6 +44,11 @@ type taskRecord struct {
 	// Network: the TAP and tc wiring in the pod namespace.
 	Network *vmNetwork `json:"network,omitempty"`
 
+	// Cgroup is the container's cgroup QEMU is charged to;
+	// CgroupCreated: this task made it and removes it.
+	Cgroup        string `json:"cgroup,omitempty"`
+	CgroupCreated bool   `json:"cgroupCreated,omitempty"`
+
 	// Pod membership (sandbox and VM tasks of a CRI pod).
 	PodUID string `json:"podUID,omitempty"`
 }

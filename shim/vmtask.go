@@ -20,6 +20,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/cgroup"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/configdrive"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
@@ -33,6 +34,7 @@ type vmTask struct {
 	rec      taskRecord
 	console  *console      // guarded by mu
 	fdServer *netfd.Server // hands the VM's network descriptors to its QEMU; nil without network
+	cgroup   *cgroup.Group // QEMU's cgroup (the pod's); nil for none
 
 	powerOffOnResume bool // guarded by mu: a SIGTERM came while paused
 }
@@ -99,6 +101,10 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	if err != nil {
 		return nil, err
 	}
+	cg, err := vmCgroup(ctx, h, r.spec)
+	if err != nil {
+		return nil, err
+	}
 	ph.mark("checks")
 	name := ident.DomainName()
 	if err := takeOverDomainName(h.conn, name, ident.ContainerID); err != nil {
@@ -149,6 +155,14 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		placement, placementJSON = pinning(p), string(b)
 	}
 
+	var fdHooks []netfd.ServeOption
+	if cg != nil {
+		if err := createVMCgroup(cg, &rec, r.bundle, &undo); err != nil {
+			return nil, err
+		}
+		fdHooks = append(fdHooks, netfd.WithPeerHook(func(pid int) error { return joinVMCgroup(cg, pid) }))
+	}
+
 	ph.mark("record_and_numa")
 	rootfs := filepath.Join(r.bundle, "rootfs")
 	if len(r.rootfs) > 0 {
@@ -196,7 +210,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 			}
 			return nil
 		}
-		_, pn, srv, err := setupNetwork(ctx, h, r.netns, name, ident.runtimeKey(), set.vcpus, recordNetwork, &undo)
+		_, pn, srv, err := setupNetwork(ctx, h, r.netns, name, ident.runtimeKey(), set.vcpus, recordNetwork, &undo, fdHooks...)
 		if err != nil {
 			return nil, err
 		}
@@ -266,7 +280,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	log.G(ctx).WithField("vm", name).WithField("accel", h.accel).
 		WithField("vcpus", set.vcpus).WithField("memoryMiB", set.memMiB).
 		WithField("took", ph.String()).Info("defined VM")
-	return &vmTask{proc: newProc(r.id, r.bundle, r.stdio, publish), h: h, rec: rec, fdServer: fdServer}, nil
+	return &vmTask{proc: newProc(r.id, r.bundle, r.stdio, publish), h: h, rec: rec, fdServer: fdServer, cgroup: cg}, nil
 }
 
 // takeOverDomainName makes sure name is free for container id: a stopped
@@ -408,6 +422,10 @@ func (t *vmTask) start(ctx context.Context) (int, error) {
 	}
 	ph.mark("console")
 	pid, err := t.h.conn.PID(name)
+	if err == nil {
+		// Already done in the descriptor handoff for a VM with a network.
+		err = joinVMCgroup(t.cgroup, pid)
+	}
 	if err == nil {
 		err = t.h.conn.Resume(name)
 	}
@@ -655,6 +673,7 @@ func releaseVM(ctx context.Context, conn domains, rec *taskRecord, bundle string
 			errs = append(errs, removeFDSocket(rec))
 		}
 	}
+	errs = append(errs, removeVMCgroup(rec))
 	errs = append(errs, teardownNetwork(rec.Network))
 	errs = append(errs, releaseNUMA(rec))
 	if rec.VMDir != "" {

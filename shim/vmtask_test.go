@@ -51,6 +51,8 @@ type vmFixture struct {
 	host   *host
 	events *eventLog
 	bundle string
+	// cgroupsPath is the spec's linux.cgroupsPath ("" for no Linux section).
+	cgroupsPath string
 }
 
 func newVMFixture(t *testing.T) *vmFixture {
@@ -82,6 +84,9 @@ func (f *vmFixture) kernelRootfs() {
 func (f *vmFixture) create(ann map[string]string) (*vmTask, error) {
 	f.host.conn = f.fake
 	spec := &specs.Spec{Annotations: ann}
+	if f.cgroupsPath != "" {
+		spec.Linux = &specs.Linux{CgroupsPath: f.cgroupsPath}
+	}
 	if spec.Annotations == nil {
 		spec.Annotations = map[string]string{}
 	}
