@@ -161,7 +161,7 @@ func metricsV1(st cgroup.Stats) *cgroup1stats.Metrics {
 			TotalInactiveAnon: s["total_inactive_anon"], TotalActiveAnon: s["total_active_anon"],
 			TotalInactiveFile: s["total_inactive_file"], TotalActiveFile: s["total_active_file"],
 			TotalUnevictable: s["total_unevictable"],
-			Usage: &cgroup1stats.MemoryEntry{Usage: st.MemoryUsage, Limit: st.MemoryLimit, Max: st.MemoryMaxUsage, Failcnt: st.MemoryFailcnt},
+			Usage:            &cgroup1stats.MemoryEntry{Usage: st.MemoryUsage, Limit: st.MemoryLimit, Max: st.MemoryMaxUsage, Failcnt: st.MemoryFailcnt},
 		},
 	}
 }
