@@ -23,6 +23,7 @@ var configurators = []configurator{
 	configureConfigDrive,
 	configureConsole,
 	configureDevices,
+	configureHotplug,
 }
 
 // Render validates the spec and returns the libvirt domain XML for it.
