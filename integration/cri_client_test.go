@@ -52,6 +52,13 @@ type pod struct {
 // directory lives in this containerd's directory.
 func (c *containerd) runPod(t *testing.T, cl *criClient, name, handler string, annotations map[string]string) *pod {
 	t.Helper()
+	return c.runPodIn(t, cl, name, handler, annotations, "")
+}
+
+// runPodIn is runPod with the pod's cgroup parent, as kubelet passes it
+// ("" for none).
+func (c *containerd) runPodIn(t *testing.T, cl *criClient, name, handler string, annotations map[string]string, cgroupParent string) *pod {
+	t.Helper()
 	uid := fmt.Sprintf("%s-%d", name, time.Now().UnixNano())
 	logDir := filepath.Join(c.Dir, "pods", uid)
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
@@ -63,7 +70,7 @@ func (c *containerd) runPod(t *testing.T, cl *criClient, name, handler string, a
 		LogDirectory: logDir,
 		Labels:       map[string]string{"app": name},
 		Annotations:  annotations,
-		Linux:        &cri.LinuxPodSandboxConfig{},
+		Linux:        &cri.LinuxPodSandboxConfig{CgroupParent: cgroupParent},
 	}
 	ctx, cancel := criCtx()
 	defer cancel()

@@ -21,6 +21,7 @@ type fakeDomains struct {
 	resumed  func(name string) // called after a Resume, without mu
 	shutdown func(name string) // called as a Shutdown begins, without mu
 	pid      int               // QEMU's pid for every domain; 0 is 4242
+	vcpuErr  error             // SetVCPUs fails with it, after plugging one vCPU
 }
 
 type fakeDomain struct {
@@ -32,6 +33,7 @@ type fakeDomain struct {
 	console  string
 	listener net.Listener
 	conns    []net.Conn // guarded by fakeDomains.mu
+	vcpus    int        // live vCPUs; 0 until SetVCPUs
 }
 
 var _ domains = (*fakeDomains)(nil)
@@ -209,4 +211,28 @@ func (f *fakeDomains) PID(name string) (int, error) {
 		return f.pid, nil
 	}
 	return 4242, nil
+}
+
+func (f *fakeDomains) SetVCPUs(name string, n int) error {
+	return f.simple(fmt.Sprintf("setvcpus %d", n), name, func(d *fakeDomain) error {
+		if !d.running {
+			return notRunning(name)
+		}
+		if f.vcpuErr != nil {
+			d.vcpus++
+			return f.vcpuErr
+		}
+		d.vcpus = n
+		return nil
+	})
+}
+
+func (f *fakeDomains) VCPUs(name string) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d, err := f.get(name)
+	if err != nil {
+		return 0, err
+	}
+	return d.vcpus, nil
 }

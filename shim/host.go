@@ -62,6 +62,8 @@ type domains interface {
 	Stats(name string) (vm.Stats, error)
 	Metadata(name string) (vm.Metadata, error)
 	PID(name string) (int, error)
+	SetVCPUs(name string, n int) error
+	VCPUs(name string) (int, error)
 }
 
 var _ domains = (*vm.Conn)(nil)

@@ -37,6 +37,10 @@ type vmTask struct {
 	cgroup   *cgroup.Group // QEMU's cgroup (the pod's); nil for none
 
 	powerOffOnResume bool // guarded by mu: a SIGTERM came while paused
+
+	vcpus, memMiB int        // guarded by mu: the VM's size now
+	maxVCPUs      int        // what vcpus may grow to live; set at create
+	resizeMu      sync.Mutex // serializes update
 }
 
 // createRequest is the part of a task create the VM needs.
@@ -55,6 +59,7 @@ type createRequest struct {
 // spec and annotations and checked before anything is created.
 type vmSettings struct {
 	vcpus, memMiB int
+	maxVCPUs      int // live vCPU hotplug up to this
 	cmdline       string
 	numaMode      numa.Mode
 	pageKiB       uint64
@@ -74,6 +79,9 @@ func vmSettingsFrom(spec *specs.Spec, cfg Config, io stdio) (vmSettings, error) 
 		return s, err
 	}
 	if s.numaMode, err = numaMode(spec, cfg); err != nil {
+		return s, err
+	}
+	if s.maxVCPUs, err = hotplugMaxVCPUs(spec, cfg, s.vcpus, s.numaMode); err != nil {
 		return s, err
 	}
 	if s.pageKiB, err = hugePageKiB(spec); err != nil {
@@ -197,6 +205,12 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		},
 		Pinning:     placement,
 		HugePageKiB: set.pageKiB,
+		MaxVCPUs:    set.maxVCPUs,
+	}
+	if placement != nil && len(placement.VCPUPins) > 0 && set.maxVCPUs > set.vcpus {
+		// Spread over nodes: each vCPU is pinned to its guest cell.
+		log.G(ctx).WithField("vm", name).Info("VM spans NUMA nodes: no vCPUs can be added live")
+		spec.MaxVCPUs, set.maxVCPUs = 0, set.vcpus
 	}
 	var fdServer *netfd.Server
 	var guestNet *configdrive.Network
@@ -280,7 +294,8 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	log.G(ctx).WithField("vm", name).WithField("accel", h.accel).
 		WithField("vcpus", set.vcpus).WithField("memoryMiB", set.memMiB).
 		WithField("took", ph.String()).Info("defined VM")
-	return &vmTask{proc: newProc(r.id, r.bundle, r.stdio, publish), h: h, rec: rec, fdServer: fdServer, cgroup: cg}, nil
+	return &vmTask{proc: newProc(r.id, r.bundle, r.stdio, publish), h: h, rec: rec, fdServer: fdServer, cgroup: cg,
+		vcpus: set.vcpus, memMiB: set.memMiB, maxVCPUs: max(set.maxVCPUs, set.vcpus)}, nil
 }
 
 // takeOverDomainName makes sure name is free for container id: a stopped

@@ -487,7 +487,7 @@ func TestCreateVMTaskDirectKernel(t *testing.T) {
 	}
 	kernel, initrd := filepath.Join(vt.rec.VMDir, "vmlinuz"), filepath.Join(vt.rec.VMDir, "initrd")
 	x := f.fake.doms[vt.rec.Domain].xml
-	for _, want := range []string{"<cmdline>console=ttyS0 quiet</cmdline>", `<vcpu placement="static">2</vcpu>`, "<container-id>vm1</container-id>", kernel, initrd} {
+	for _, want := range []string{"<cmdline>console=ttyS0 quiet</cmdline>", `<vcpu placement="static" current="2">4</vcpu>`, "<container-id>vm1</container-id>", kernel, initrd} {
 		if !strings.Contains(x, want) {
 			t.Errorf("domain XML lacks %s:\n%s", want, x)
 		}
