@@ -55,7 +55,7 @@ type config struct {
 // allSections are the sections there are; defaultSections run without
 // -sections. "net" (bench-net) runs only when asked for.
 var (
-	allSections     = []string{"latency", "memory", "density", "micro", "net"}
+	allSections     = []string{"latency", "memory", "density", "micro", "net", "resources"}
 	defaultSections = []string{"latency", "memory", "density", "micro"}
 )
 
@@ -270,6 +270,10 @@ func measureOnHost(ctx context.Context, c *config, res *results) (retErr error) 
 	if c.has("net") && ctx.Err() == nil {
 		res.Net, err = runNet(ctx, e)
 		res.fail("net", err)
+	}
+	if c.has("resources") && ctx.Err() == nil {
+		res.Resources, err = runResources(ctx, e)
+		res.fail("resources", err)
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()
