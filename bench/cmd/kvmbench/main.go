@@ -148,7 +148,7 @@ func parseFlags(args []string) (*config, error) {
 func (c *config) has(section string) bool { return slices.Contains(c.sections, section) }
 
 func (c *config) needsDaemons() bool {
-	return c.has("latency") || c.has("memory") || c.has("density") || c.has("net")
+	return c.has("latency") || c.has("memory") || c.has("density") || c.has("net") || c.has("resources")
 }
 
 func splitList(s string) []string {
