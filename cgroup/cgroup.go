@@ -15,6 +15,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/procfs"
 )
 
 // V1Controllers are the v1 hierarchies a VM is charged to; pids is used
@@ -73,7 +75,7 @@ func ParseMountinfo(r io.Reader, root string) (Hierarchies, error) {
 		if len(f) < 5 || len(g) < 3 {
 			continue
 		}
-		mnt := unescapeMount(f[4])
+		mnt := procfs.UnescapeMountinfo(f[4])
 		switch g[0] {
 		case "cgroup2":
 			if mnt == root {
@@ -102,25 +104,6 @@ func ParseMountinfo(r io.Reader, root string) (Hierarchies, error) {
 		}
 	}
 	return h, nil
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // ErrSystemdPath is returned for a cgroupsPath in systemd's

@@ -136,6 +136,23 @@ func checkPagesOnNodes(t *testing.T, pid int, nodes string) {
 	}
 }
 
+// startVMIn runs a pod in the cgroup parent and starts a VM container of
+// cfg in it (CreateContainer, then StartContainer, like kubelet).
+func (c *containerd) startVMIn(t *testing.T, cl *criClient, name, parent string, cfg *cri.ContainerConfig) *podContainer {
+	t.Helper()
+	p := c.runPodIn(t, cl, name, "kvm", nil, parent)
+	cid, err := cl.createContainer(p, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := criCtx()
+	defer cancel()
+	if _, err := cl.Runtime.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: cid}); err != nil {
+		t.Fatal(err)
+	}
+	return &podContainer{pod: p, cid: cid, logPath: filepath.Join(p.logDir, cfg.LogPath)}
+}
+
 // TestCRIPodCgroup runs a VM pod through CRI with a pod cgroup parent, as
 // kubelet's cgroupfs driver sets it, on both containerd flavours: QEMU
 // and all its threads are charged to the container's cgroup below the pod
@@ -153,29 +170,13 @@ func TestCRIPodCgroup(t *testing.T) {
 		cl := c.cri(t)
 		parent := podCgroupParent(c.Flavour.Name)
 		t.Cleanup(func() { removeCgroupTree(t, h, parent) })
-		p := c.runPodIn(t, cl, "vm-cgroup", "kvm", nil, parent)
-		cfg := containerConfig("vm", s.images["kernel"].ref, nil)
-		cid, err := cl.createContainer(p, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		v := c.startVMIn(t, cl, "vm-cgroup", parent, containerConfig("vm", s.images["kernel"].ref, nil))
+		cid := v.cid
 		want := parent + "/" + cid
 		g, err := h.Group(want)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, d := range g.Dirs() {
-			if _, err := os.Stat(d); err != nil {
-				t.Errorf("after CreateContainer: the container's cgroup: %v", err)
-			}
-		}
-		ctx, cancel := criCtx()
-		_, err = cl.Runtime.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: cid})
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		v := &podContainer{pod: p, cid: cid, logPath: filepath.Join(p.logDir, cfg.LogPath)}
 		if err := waitLog(v.logPath, readyLine, bootTimeout); err != nil {
 			t.Fatal(err)
 		}

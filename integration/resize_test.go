@@ -4,7 +4,6 @@ package integration
 
 import (
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -68,19 +67,9 @@ func TestCRIResize(t *testing.T) {
 		cl := c.cri(t)
 		parent := podCgroupParent(c.Flavour.Name)
 		t.Cleanup(func() { removeCgroupTree(t, h, parent) })
-		p := c.runPodIn(t, cl, "vm-resize", "kvm", nil, parent)
 		cfg := containerConfig("vm", s.images["kernel"].ref, map[string]string{"kvm.containerd.io/max-vcpus": "2"})
-		cid, err := cl.createContainer(p, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := criCtx()
-		_, err = cl.Runtime.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: cid})
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		v := &podContainer{pod: p, cid: cid, logPath: filepath.Join(p.logDir, cfg.LogPath)}
+		v := c.startVMIn(t, cl, "vm-resize", parent, cfg)
+		cid := v.cid
 		if err := waitLog(v.logPath, readyLine, bootTimeout); err != nil {
 			t.Fatal(err)
 		}

@@ -22,6 +22,7 @@ type fakeDomains struct {
 	shutdown func(name string) // called as a Shutdown begins, without mu
 	pid      int               // QEMU's pid for every domain; 0 is 4242
 	vcpuErr  error             // SetVCPUs fails with it, after plugging one vCPU
+	lateErr  error             // SetVCPUs fails with it, yet makes the change (a guest slower than libvirt waits)
 }
 
 type fakeDomain struct {
@@ -223,7 +224,7 @@ func (f *fakeDomains) SetVCPUs(name string, n int) error {
 			return f.vcpuErr
 		}
 		d.vcpus = n
-		return nil
+		return f.lateErr
 	})
 }
 

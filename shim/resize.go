@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/errdefs"
@@ -103,7 +104,15 @@ func (t *vmTask) update(ctx context.Context, r *specs.LinuxResources) error {
 			return fmt.Errorf("resize %s: %w", t.id, err)
 		}
 	}
-	if err := t.h.conn.SetVCPUs(t.rec.Domain, want.vcpus); err != nil {
+	err := t.h.conn.SetVCPUs(t.rec.Domain, want.vcpus)
+	if err != nil && want.vcpus < cur && t.waitVCPUs(want.vcpus) {
+		// libvirt gives the guest 5 s to release a vCPU; a guest under
+		// TCG on a busy host may take longer, and libvirt still
+		// completes the unplug when the guest does.
+		l.WithError(err).Info("the guest released the vCPUs after libvirt stopped waiting")
+		err = nil
+	}
+	if err != nil {
 		if t.rec.NUMAOwner != "" && t.h.numa != nil {
 			if _, uerr := t.h.numa.Resize(t.rec.NUMAOwner, cur); uerr != nil {
 				l.WithError(uerr).Warn("give back the NUMA reservation of a failed resize")
@@ -122,4 +131,22 @@ func (t *vmTask) update(ctx context.Context, r *specs.LinuxResources) error {
 	t.mu.Unlock()
 	l.Info("resized VM")
 	return nil
+}
+
+// unplugWait is how long update waits, beyond libvirt's own 5 s, for a
+// guest to release vCPUs being unplugged.
+var unplugWait = 30 * time.Second
+
+// waitVCPUs waits up to unplugWait for the domain to have n vCPUs.
+func (t *vmTask) waitVCPUs(n int) bool {
+	deadline := time.Now().Add(unplugWait)
+	for {
+		if got, err := t.h.conn.VCPUs(t.rec.Domain); err == nil && got == n {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }

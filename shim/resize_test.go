@@ -6,6 +6,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -134,5 +135,26 @@ func TestVMTaskUpdateRefused(t *testing.T) {
 	vt := f.created()
 	if err := vt.update(context.Background(), cpuResources(200000)); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "created") {
 		t.Errorf("resize before start: %v", err)
+	}
+}
+
+// libvirt stops waiting for a guest to release a vCPU after 5 s; a slower
+// guest that releases it later completes the resize.
+func TestVMTaskUpdateSlowUnplug(t *testing.T) {
+	unplugWait = 100 * time.Millisecond
+	t.Cleanup(func() { unplugWait = 30 * time.Second })
+	f := newVMFixture(t)
+	vt := f.started()
+	ctx := context.Background()
+	if err := vt.update(ctx, cpuResources(200000)); err != nil {
+		t.Fatal(err)
+	}
+	f.fake.lateErr = errors.New("vcpu unplug request timed out")
+	if err := vt.update(ctx, cpuResources(100000)); err != nil || vt.vcpus != 1 {
+		t.Errorf("unplug the guest completed late: %v, task has %d vCPUs", err, vt.vcpus)
+	}
+	// Growing never waits: libvirt's error stands and the VM is put back.
+	if err := vt.update(ctx, cpuResources(200000)); err == nil || vt.vcpus != 1 {
+		t.Errorf("plug that failed: %v, task has %d vCPUs", err, vt.vcpus)
 	}
 }

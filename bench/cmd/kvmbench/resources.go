@@ -78,6 +78,12 @@ func runResources(ctx context.Context, e *env) (*resourcesResults, error) {
 	}
 	out := &resourcesResults{}
 	for _, d := range e.daemons {
+		logf("resources: containerd %s, live resize 1 <-> 2 vCPUs, %d runs each way", d.name(), e.cfg.runs)
+		r, err := measureResize(ctx, d, h, e.cfg.runs)
+		if err != nil {
+			return out, fmt.Errorf("containerd %s, resize: %w", d.name(), err)
+		}
+		out.Resize = append(out.Resize, r)
 		for _, sz := range overheadSizes {
 			logf("resources: containerd %s, overhead of a %d MiB / %d vCPU VM", d.name(), sz.memMiB, sz.vcpus)
 			r, err := measureOverhead(ctx, d, h, sz.memMiB, sz.vcpus)
@@ -89,12 +95,6 @@ func runResources(ctx context.Context, e *env) (*resourcesResults, error) {
 			out.Overhead = append(out.Overhead, r)
 			out.PodFixedMiB = max(out.PodFixedMiB, int(math.Ceil(r.PodOverheadMiB*1.25/16))*16)
 		}
-		logf("resources: containerd %s, live resize 1 <-> 2 vCPUs, %d runs each way", d.name(), e.cfg.runs)
-		r, err := measureResize(ctx, d, h, e.cfg.runs)
-		if err != nil {
-			return out, fmt.Errorf("containerd %s, resize: %w", d.name(), err)
-		}
-		out.Resize = append(out.Resize, r)
 	}
 	return out, nil
 }
@@ -179,9 +179,11 @@ func measureOverhead(ctx context.Context, d *daemon, h cgroup.Hierarchies, memMi
 		return res, err
 	}
 	defer func() { retErr = errors.Join(retErr, stop()) }()
-	filled, err := waitConsole(ctx, logPath, "KVM-GUEST-FILLED ", bootTimeout+time.Duration(memMiB/64)*time.Second)
+	// Under TCG the guest writes some 10-20 MiB/s into its tmpfs.
+	filled, err := waitConsole(ctx, logPath, "KVM-GUEST-FILLED ", bootTimeout+time.Duration(memMiB/4)*time.Second)
 	if err != nil {
-		return res, err
+		b, _ := os.ReadFile(logPath)
+		return res, fmt.Errorf("%w; console tail:\n%s", err, testenv.Tail(string(b), 15))
 	}
 	res.FilledMiB, _ = strconv.Atoi(filled)
 	select {
