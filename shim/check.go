@@ -108,6 +108,7 @@ func Check(ctx context.Context, w io.Writer, args []string) int {
 
 	l, note := checkCgroups()
 	add(l, "cgroups", "%s", note)
+	add(checkOK, "overhead", "%s", overheadNote())
 
 	var numaReport strings.Builder
 	if store, err := openNUMA(cfg); err != nil {
