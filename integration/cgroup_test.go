@@ -17,9 +17,19 @@ import (
 	"github.com/kvm-shim/containerd-shim-kvm-v1/cgroup"
 )
 
-// podCgroupParent is a pod cgroup as kubelet's cgroupfs driver names it.
-func podCgroupParent(flavour string) string {
-	return fmt.Sprintf("/kvm-it/burstable/pod-%s-%d", flavour, time.Now().UnixNano())
+// hostCgroups returns this host's cgroup hierarchies.
+func hostCgroups(t *testing.T) cgroup.Hierarchies {
+	t.Helper()
+	h := hostCgroups(t)
+	return h
+}
+
+// podCgroup names a pod cgroup as kubelet's cgroupfs driver does, and
+// removes it with everything below it when the test ends (kubelet's job).
+func (c *containerd) podCgroup(t *testing.T, h cgroup.Hierarchies) string {
+	parent := fmt.Sprintf("/kvm-it/burstable/pod-%s-%d", c.Flavour.Name, time.Now().UnixNano())
+	t.Cleanup(func() { removeCgroupTree(t, h, parent) })
+	return parent
 }
 
 // removeCgroupTree removes dir and what is below it in every hierarchy,
@@ -161,15 +171,11 @@ func (c *containerd) startVMIn(t *testing.T, cl *criClient, name, parent string,
 // its cgroup.
 func TestCRIPodCgroup(t *testing.T) {
 	s := requireKVM(t, "kernel", "pause")
-	h, err := cgroup.Detect()
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := hostCgroups(t)
 	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
 		c.cleanupAfter(t)
 		cl := c.cri(t)
-		parent := podCgroupParent(c.Flavour.Name)
-		t.Cleanup(func() { removeCgroupTree(t, h, parent) })
+		parent := c.podCgroup(t, h)
 		v := c.startVMIn(t, cl, "vm-cgroup", parent, containerConfig("vm", s.images["kernel"].ref, nil))
 		cid := v.cid
 		want := parent + "/" + cid

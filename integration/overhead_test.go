@@ -69,15 +69,11 @@ func oomKills(h cgroup.Hierarchies, p string) (int, error) {
 // does bind the VM.
 func TestCRIOverheadNoOOM(t *testing.T) {
 	s := requireKVM(t, "kernel", "pause")
-	h, err := cgroup.Detect()
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := hostCgroups(t)
 	const guest = 512 << 20
 	run := func(t *testing.T, c *containerd, overhead int64, wantKilled bool) {
 		cl := c.cri(t)
-		parent := podCgroupParent(c.Flavour.Name)
-		t.Cleanup(func() { removeCgroupTree(t, h, parent) })
+		parent := c.podCgroup(t, h)
 		makePodCgroup(t, h, parent, guest+overhead)
 		cfg := containerConfig("vm", s.images["kernel"].ref, map[string]string{"kvm.containerd.io/kernel-cmdline": "console=ttyS0 kvmguest.fill"})
 		cfg.Linux.Resources.MemoryLimitInBytes = guest

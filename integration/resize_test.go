@@ -9,8 +9,6 @@ import (
 	"time"
 
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
-
-	"github.com/kvm-shim/containerd-shim-kvm-v1/cgroup"
 )
 
 // lastGuestLine returns the value of the last "<prefix> <value>" line the
@@ -58,15 +56,11 @@ func updateCPU(cl *criClient, cid string, cpus int64, memory int64) error {
 // VM's maximum are refused and leave the VM as it was.
 func TestCRIResize(t *testing.T) {
 	s := requireKVM(t, "kernel", "pause")
-	h, err := cgroup.Detect()
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := hostCgroups(t)
 	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
 		c.cleanupAfter(t)
 		cl := c.cri(t)
-		parent := podCgroupParent(c.Flavour.Name)
-		t.Cleanup(func() { removeCgroupTree(t, h, parent) })
+		parent := c.podCgroup(t, h)
 		cfg := containerConfig("vm", s.images["kernel"].ref, map[string]string{"kvm.containerd.io/max-vcpus": "2"})
 		v := c.startVMIn(t, cl, "vm-resize", parent, cfg)
 		cid := v.cid
