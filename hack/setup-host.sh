@@ -103,6 +103,62 @@ wait_libvirt() {
 		die "libvirt capabilities on $LIBVIRT_URI show no qemu domain type"
 }
 
+# libvirt must leave the controllers that charge a VM to its pod (memory,
+# cpu, cpuacct, pids) to the shim, which moves QEMU into the container's
+# cgroup; with them on, libvirt moves vCPU threads into its own groups.
+# cgroup v1 keeps cpuset (numatune's binding), devices and blkio with
+# libvirt; cgroup v2 has one hierarchy, so libvirt manages none there (as
+# KubeVirt does; numatune then binds through the memory policy).
+QEMU_CONF=/etc/libvirt/qemu.conf
+LIBVIRT_CGROUPS_MARK="# containerd-shim-kvm-v1: libvirt leaves memory, cpu, cpuacct and pids to the shim"
+libvirt_cgroup_line() {
+	if [ "$(stat -fc %T /sys/fs/cgroup)" = cgroup2fs ]; then
+		echo 'cgroup_controllers = [ ]'
+	else
+		echo 'cgroup_controllers = [ "cpuset", "devices", "blkio" ]'
+	fi
+}
+
+# configure_libvirt_cgroups: sets cgroup_controllers in qemu.conf; prints
+# "changed" when it did.
+configure_libvirt_cgroups() {
+	local want
+	want=$(libvirt_cgroup_line)
+	[ -f "$QEMU_CONF" ] || die "$QEMU_CONF is missing (libvirt-daemon-system not installed?)"
+	if grep -qxF "$want" "$QEMU_CONF" && [ "$(grep -c '^[[:space:]]*cgroup_controllers' "$QEMU_CONF")" = 1 ]; then
+		return 0
+	fi
+	log "setting $want in $QEMU_CONF"
+	sed -i -e '/^[[:space:]]*cgroup_controllers/d' -e "/^$LIBVIRT_CGROUPS_MARK\$/d" "$QEMU_CONF"
+	printf '%s\n%s\n' "$LIBVIRT_CGROUPS_MARK" "$want" >>"$QEMU_CONF"
+	echo changed
+}
+
+# restart_libvirtd: restarts the libvirtd this script started (its pid
+# file), holding the integration tests' host lock so no test loses its
+# libvirtd halfway, and waits until it answers again.
+restart_libvirtd() {
+	local pid
+	if ! { [ -s /run/libvirtd.pid ] && pid=$(cat /run/libvirtd.pid) && kill -0 "$pid" 2>/dev/null; }; then
+		if pgrep -x libvirtd >/dev/null; then
+			log "warning: a libvirtd this script did not start is running: restart it for the new $QEMU_CONF"
+		fi
+		return 0
+	fi
+	log "restarting libvirtd (pid $pid) for the new qemu.conf"
+	exec {lockfd}>/run/kvm-shim-integration.lock
+	flock "$lockfd"
+	kill "$pid"
+	local deadline=$((SECONDS + 30))
+	while kill -0 "$pid" 2>/dev/null; do
+		[ "$SECONDS" -lt "$deadline" ] || die "libvirtd (pid $pid) did not stop within 30s"
+		sleep 0.2
+	done
+	start_daemon libvirtd
+	wait_libvirt
+	exec {lockfd}>&-
+}
+
 build_containerd2() {
 	if [ -x "$CONTAINERD2_BIN/containerd" ] && [ -x "$CONTAINERD2_BIN/ctr" ] &&
 		[ -x "$CONTAINERD2_BIN/containerd-shim-runc-v2" ] &&
@@ -120,7 +176,11 @@ build_containerd2() {
 }
 
 install_packages
+cgroups_changed=$(configure_libvirt_cgroups)
 start_daemon virtlogd
+if [ -n "$cgroups_changed" ]; then
+	restart_libvirtd
+fi
 start_daemon libvirtd
 wait_libvirt
 containerd2=skipped

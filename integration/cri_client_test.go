@@ -52,11 +52,25 @@ type pod struct {
 // directory lives in this containerd's directory.
 func (c *containerd) runPod(t *testing.T, cl *criClient, name, handler string, annotations map[string]string) *pod {
 	t.Helper()
-	return c.runPodWith(t, cl, name, handler, annotations, nil)
+	return c.runPodFull(t, cl, name, handler, annotations, nil, "")
 }
 
 // runPodWith is runPod with the pod's DNS configuration (nil: the host's).
 func (c *containerd) runPodWith(t *testing.T, cl *criClient, name, handler string, annotations map[string]string, dns *cri.DNSConfig) *pod {
+	t.Helper()
+	return c.runPodFull(t, cl, name, handler, annotations, dns, "")
+}
+
+// runPodIn is runPod with the pod's cgroup parent, as kubelet passes it
+// ("" for none).
+func (c *containerd) runPodIn(t *testing.T, cl *criClient, name, handler string, annotations map[string]string, cgroupParent string) *pod {
+	t.Helper()
+	return c.runPodFull(t, cl, name, handler, annotations, nil, cgroupParent)
+}
+
+// runPodFull runs a pod with its DNS configuration (nil: the host's) and
+// cgroup parent ("" for none).
+func (c *containerd) runPodFull(t *testing.T, cl *criClient, name, handler string, annotations map[string]string, dns *cri.DNSConfig, cgroupParent string) *pod {
 	t.Helper()
 	uid := fmt.Sprintf("%s-%d", name, time.Now().UnixNano())
 	logDir := filepath.Join(c.Dir, "pods", uid)
@@ -70,7 +84,7 @@ func (c *containerd) runPodWith(t *testing.T, cl *criClient, name, handler strin
 		Labels:       map[string]string{"app": name},
 		Annotations:  annotations,
 		DnsConfig:    dns,
-		Linux:        &cri.LinuxPodSandboxConfig{},
+		Linux:        &cri.LinuxPodSandboxConfig{CgroupParent: cgroupParent},
 	}
 	ctx, cancel := criCtx()
 	defer cancel()

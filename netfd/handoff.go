@@ -118,13 +118,24 @@ type Server struct {
 	qemuUID int
 	pidDir  string
 	provide Provider
+	onPeer  func(pid int) error // see WithPeerHook; nil for none
 	l       *net.UnixListener
 	wg      sync.WaitGroup
 }
 
+// ServeOption changes what Serve does for each connection.
+type ServeOption func(*Server)
+
+// WithPeerHook has hook run with the pid of each authorized peer (the
+// wrapper, before it execs QEMU) before the descriptors are sent; an error
+// refuses them, so the wrapper fails and the domain does not start.
+func WithPeerHook(hook func(pid int) error) ServeOption {
+	return func(s *Server) { s.onPeer = hook }
+}
+
 // Serve listens at SocketPath(dir, domain) until Close. It serves every
 // connection, so a restarted domain gets fresh descriptors.
-func Serve(ctx context.Context, dir, domain string, qemuUID, qemuGID int, pidDir string, provide Provider) (*Server, error) {
+func Serve(ctx context.Context, dir, domain string, qemuUID, qemuGID int, pidDir string, provide Provider, opts ...ServeOption) (*Server, error) {
 	// The dirs are root's and only searchable by others: the QEMU user
 	// reaches its sockets by name but can neither list them nor remove or
 	// replace one (another VM's QEMU runs as the same user).
@@ -156,6 +167,9 @@ func Serve(ctx context.Context, dir, domain string, qemuUID, qemuGID int, pidDir
 		return nil, err
 	}
 	s := &Server{domain: domain, path: path, qemuUID: qemuUID, pidDir: pidDir, provide: provide, l: l}
+	for _, o := range opts {
+		o(s)
+	}
 	s.wg.Add(1)
 	go s.accept(ctx)
 	return s, nil
@@ -189,8 +203,14 @@ func (s *Server) accept(ctx context.Context) {
 }
 
 func (s *Server) serve(c *net.UnixConn) error {
-	if err := s.authorize(c); err != nil {
+	pid, err := s.authorize(c)
+	if err != nil {
 		return err
+	}
+	if s.onPeer != nil {
+		if err := s.onPeer(pid); err != nil {
+			return err
+		}
 	}
 	g, files, err := s.provide()
 	if err != nil {
@@ -243,14 +263,14 @@ func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
 	return cred, nil
 }
 
-// authorize checks who is on the other end of c.
-func (s *Server) authorize(c *net.UnixConn) error {
+// authorize checks who is on the other end of c and returns its pid.
+func (s *Server) authorize(c *net.UnixConn) (int, error) {
 	cred, err := peerCred(c)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if int(cred.Uid) != s.qemuUID {
-		return fmt.Errorf("peer pid %d runs as uid %d, not the QEMU user %d", cred.Pid, cred.Uid, s.qemuUID)
+		return 0, fmt.Errorf("peer pid %d runs as uid %d, not the QEMU user %d", cred.Pid, cred.Uid, s.qemuUID)
 	}
 	// libvirt writes the pid file before the process it forked may exec
 	// (it holds it at a handshake until then), so the QEMU it starts always
@@ -259,23 +279,23 @@ func (s *Server) authorize(c *net.UnixConn) error {
 	pidFile := filepath.Join(s.pidDir, s.domain+".pid")
 	b, err := os.ReadFile(pidFile)
 	if err != nil {
-		return fmt.Errorf("peer pid %d: no QEMU of %s runs: %w", cred.Pid, s.domain, err)
+		return 0, fmt.Errorf("peer pid %d: no QEMU of %s runs: %w", cred.Pid, s.domain, err)
 	}
 	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
 	if err != nil {
-		return fmt.Errorf("peer pid %d: pid file %s: %w", cred.Pid, pidFile, err)
+		return 0, fmt.Errorf("peer pid %d: pid file %s: %w", cred.Pid, pidFile, err)
 	}
 	if pid != int(cred.Pid) {
-		return fmt.Errorf("peer pid %d is not the process libvirt started for %s (pid %d)", cred.Pid, s.domain, pid)
+		return 0, fmt.Errorf("peer pid %d is not the process libvirt started for %s (pid %d)", cred.Pid, s.domain, pid)
 	}
 	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", cred.Pid))
 	if err != nil {
-		return fmt.Errorf("read command line of peer pid %d: %w", cred.Pid, err)
+		return 0, fmt.Errorf("read command line of peer pid %d: %w", cred.Pid, err)
 	}
 	if DomainFromArgs(strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")) != s.domain {
-		return fmt.Errorf("peer pid %d does not name domain %s on its command line", cred.Pid, s.domain)
+		return 0, fmt.Errorf("peer pid %d does not name domain %s on its command line", cred.Pid, s.domain)
 	}
-	return nil
+	return pid, nil
 }
 
 // DomainFromArgs finds the domain name in a QEMU command line as libvirt

@@ -106,6 +106,10 @@ func Check(ctx context.Context, w io.Writer, args []string) int {
 		add(checkOK, "wrapper", "%s", cfg.QEMUWrapper)
 	}
 
+	l, note := checkCgroups()
+	add(l, "cgroups", "%s", note)
+	add(checkOK, "overhead", "%s", overheadNote())
+
 	var numaReport strings.Builder
 	if store, err := openNUMA(cfg); err != nil {
 		add(checkFail, "numa", "%v", err)

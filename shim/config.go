@@ -50,6 +50,10 @@ type Config struct {
 	// MaxVCPUs and MaxMemoryMiB bound what a spec or annotation may ask.
 	MaxVCPUs     int `toml:"max_vcpus"`
 	MaxMemoryMiB int `toml:"max_memory_mib"`
+	// HotplugMaxVCPUs is how many vCPUs a VM may grow to live (Update),
+	// unless the max-vcpus annotation says otherwise; a VM that starts
+	// with more keeps its own count. 0 adds no vCPUs live.
+	HotplugMaxVCPUs int `toml:"hotplug_max_vcpus"`
 	// MaxNetQueues caps the TAP queues (one per vCPU up to this).
 	MaxNetQueues int `toml:"max_net_queues"`
 	// VNetHdr opens the TAP with IFF_VNET_HDR so TSO and checksum offload
@@ -94,6 +98,7 @@ func DefaultConfig() Config {
 		DefaultVCPUs:      1,
 		DefaultMemoryMiB:  512,
 		MaxVCPUs:          64,
+		HotplugMaxVCPUs:   4,
 		MaxMemoryMiB:      256 * 1024,
 		MaxNetQueues:      4,
 		VNetHdr:           true,
@@ -162,6 +167,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("max_vcpus = %d: must be at least 1", c.MaxVCPUs)
 	case c.MaxMemoryMiB < minMemoryMiB:
 		return fmt.Errorf("max_memory_mib = %d: must be at least %d", c.MaxMemoryMiB, minMemoryMiB)
+	case c.HotplugMaxVCPUs < 0 || c.HotplugMaxVCPUs > c.MaxVCPUs:
+		return fmt.Errorf("hotplug_max_vcpus = %d: must be between 0 and max_vcpus (%d)", c.HotplugMaxVCPUs, c.MaxVCPUs)
 	case c.DefaultVCPUs < 1 || c.DefaultVCPUs > c.MaxVCPUs:
 		return fmt.Errorf("default_vcpus = %d: must be between 1 and max_vcpus (%d)", c.DefaultVCPUs, c.MaxVCPUs)
 	case c.DefaultMemoryMiB < minMemoryMiB || c.DefaultMemoryMiB > c.MaxMemoryMiB:

@@ -24,6 +24,9 @@ type fakeDomains struct {
 	resumed  func(name string) // called after a Resume, without mu
 	shutdown func(name string) // called as a Shutdown begins, without mu
 	guest    *vmtest.FakeGuest // the agent of every domain
+	pid      int               // QEMU's pid for every domain; 0 is 4242
+	vcpuErr  error             // SetVCPUs fails with it, after plugging one vCPU
+	lateErr  error             // SetVCPUs fails with it, yet makes the change (a guest slower than libvirt waits)
 }
 
 type fakeDomain struct {
@@ -35,6 +38,7 @@ type fakeDomain struct {
 	console  string
 	listener net.Listener
 	conns    []net.Conn // guarded by fakeDomains.mu
+	vcpus    int        // live vCPUs; 0 until SetVCPUs
 }
 
 var _ domains = (*fakeDomains)(nil)
@@ -216,8 +220,6 @@ func (f *fakeDomains) Metadata(name string) (vm.Metadata, error) {
 	return d.meta, nil
 }
 
-func (f *fakeDomains) PID(name string) (int, error) { return 4242, nil }
-
 // AgentCommand reaches the fake guest's agent while the domain runs; a
 // stopped domain fails as libvirt's does.
 func (f *fakeDomains) AgentCommand(name string, cmd []byte, timeout time.Duration) ([]byte, error) {
@@ -236,4 +238,37 @@ func (f *fakeDomains) AgentCommand(name string, cmd []byte, timeout time.Duratio
 
 func (f *fakeDomains) SetAgentTimeout(name string, timeout time.Duration) error {
 	return f.guest.SetAgentTimeout(name, timeout)
+}
+
+func (f *fakeDomains) PID(name string) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.pid != 0 {
+		return f.pid, nil
+	}
+	return 4242, nil
+}
+
+func (f *fakeDomains) SetVCPUs(name string, n int) error {
+	return f.simple(fmt.Sprintf("setvcpus %d", n), name, func(d *fakeDomain) error {
+		if !d.running {
+			return notRunning(name)
+		}
+		if f.vcpuErr != nil {
+			d.vcpus++
+			return f.vcpuErr
+		}
+		d.vcpus = n
+		return f.lateErr
+	})
+}
+
+func (f *fakeDomains) VCPUs(name string) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d, err := f.get(name)
+	if err != nil {
+		return 0, err
+	}
+	return d.vcpus, nil
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/containerd/log"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/cgroup"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
@@ -32,6 +33,10 @@ type host struct {
 	// numa holds the node's NUMA reservations, shared with every other
 	// shim on the node; nil places nothing (unit tests).
 	numa *numa.Store
+
+	// cgroups are the host's cgroup hierarchies a VM is charged to; nil
+	// charges nothing (no usable cgroups, unit tests).
+	cgroups *cgroup.Hierarchies
 
 	warned sync.Map // what warnOnce already said
 }
@@ -58,6 +63,8 @@ type domains interface {
 	Metadata(name string) (vm.Metadata, error)
 	PID(name string) (int, error)
 	vm.AgentCommander
+	SetVCPUs(name string, n int) error
+	VCPUs(name string) (int, error)
 }
 
 var _ domains = (*vm.Conn)(nil)
@@ -98,9 +105,15 @@ func newHost(ctx context.Context, cfg Config, kvm vm.KVMInfo) (*host, error) {
 	} else if err := reconcileNUMA(ctx, store, doms); err != nil {
 		log.G(ctx).WithError(err).Warn("reconcile NUMA reservations")
 	}
+	var cgroups *cgroup.Hierarchies
+	if hs, err := cgroup.Detect(); err != nil {
+		log.G(ctx).WithError(err).Warn("no usable cgroups: VMs are not charged to their pods")
+	} else {
+		cgroups = &hs
+	}
 	return &host{
 		cfg: cfg, accel: accel, conn: conn, events: conn.Events(), close: conn.Close, layout: l,
-		qemuUID: uid, qemuGID: gid, fdSocketDir: netfd.SocketDir, numa: store,
+		qemuUID: uid, qemuGID: gid, fdSocketDir: netfd.SocketDir, numa: store, cgroups: cgroups,
 	}, nil
 }
 

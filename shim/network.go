@@ -109,7 +109,7 @@ func netQueues(vcpus, maxQueues, nics int, vhost bool) int {
 // interfaces or addresses changed since is refused. record is given what
 // the next step makes before it is taken, and each step's undo goes on
 // undo as soon as it succeeds.
-func setupNetwork(ctx context.Context, h *host, netns string, sandboxNet *netfd.PodNetwork, domain, key string, vcpus int, record func(*vmNetwork) error, undo *rollback) (netfd.PodNetwork, *netfd.Server, error) {
+func setupNetwork(ctx context.Context, h *host, netns string, sandboxNet *netfd.PodNetwork, domain, key string, vcpus int, record func(*vmNetwork) error, undo *rollback, fdOpts ...netfd.ServeOption) (netfd.PodNetwork, *netfd.Server, error) {
 	pn, err := netfd.Inspect(netns)
 	if err != nil {
 		return pn, nil, err
@@ -184,7 +184,7 @@ func setupNetwork(ctx context.Context, h *host, netns string, sandboxNet *netfd.
 			}
 		}
 		return grant, files, nil
-	})
+	}, fdOpts...)
 	if err != nil {
 		return pn, nil, err
 	}

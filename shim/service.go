@@ -321,6 +321,13 @@ func (s *service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.
 	}
 	var st vm.Stats
 	if v, ok := t.(*vmTask); ok {
+		if v.cgroup != nil {
+			any, err := v.cgroupStats(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return &taskAPI.StatsResponse{Stats: any}, nil
+		}
 		if st, err = v.stats(ctx); err != nil {
 			return nil, err
 		}
@@ -417,7 +424,23 @@ func (s *service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*
 }
 
 func (s *service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*ptypes.Empty, error) {
-	return nil, fmt.Errorf("updating the resources of a running VM is not supported yet: %w", errdefs.ErrNotImplemented)
+	t, err := s.get(r.ID, "")
+	if err != nil {
+		return nil, err
+	}
+	res, err := updateResources(r.Resources)
+	if err != nil {
+		return nil, err
+	}
+	v, ok := t.(*vmTask)
+	if !ok {
+		// The sandbox runs nothing its resources could bound.
+		return &ptypes.Empty{}, nil
+	}
+	if err := v.update(ctx, res); err != nil {
+		return nil, err
+	}
+	return &ptypes.Empty{}, nil
 }
 
 func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (*ptypes.Empty, error) {

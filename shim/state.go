@@ -48,6 +48,10 @@ type taskRecord struct {
 
 	// PodNetwork: the pod network the sandbox found (sandbox tasks).
 	PodNetwork *netfd.PodNetwork `json:"podNetwork,omitempty"`
+	// Cgroup is the container's cgroup QEMU is charged to;
+	// CgroupCreated: this task made it and removes it.
+	Cgroup        string `json:"cgroup,omitempty"`
+	CgroupCreated bool   `json:"cgroupCreated,omitempty"`
 
 	// Pod membership (sandbox and VM tasks of a CRI pod).
 	PodUID string `json:"podUID,omitempty"`

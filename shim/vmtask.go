@@ -20,6 +20,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/cgroup"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/configdrive"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
@@ -33,11 +34,15 @@ type vmTask struct {
 	rec      taskRecord
 	console  *console      // guarded by mu
 	fdServer *netfd.Server // hands the VM's network descriptors to its QEMU; nil without network
+	cgroup   *cgroup.Group // QEMU's cgroup (the pod's); nil for none
 
 	powerOffOnResume bool // guarded by mu: a SIGTERM came while paused
 
-	agent *vm.Agent               // guarded by mu; the guest agent client, from Start
-	execs map[string]*execProcess // guarded by mu; by exec id
+	agent         *vm.Agent               // guarded by mu; the guest agent client, from Start
+	execs         map[string]*execProcess // guarded by mu; by exec id
+	vcpus, memMiB int                     // guarded by mu: the VM's size now
+	maxVCPUs      int                     // what vcpus may grow to live; set at create
+	resizeMu      sync.Mutex              // serializes update
 }
 
 // createRequest is the part of a task create the VM needs.
@@ -59,6 +64,7 @@ type createRequest struct {
 // spec and annotations and checked before anything is created.
 type vmSettings struct {
 	vcpus, memMiB int
+	maxVCPUs      int // live vCPU hotplug up to this
 	cmdline       string
 	numaMode      numa.Mode
 	pageKiB       uint64
@@ -78,6 +84,9 @@ func vmSettingsFrom(spec *specs.Spec, cfg Config, io stdio) (vmSettings, error) 
 		return s, err
 	}
 	if s.numaMode, err = numaMode(spec, cfg); err != nil {
+		return s, err
+	}
+	if s.maxVCPUs, err = hotplugMaxVCPUs(spec, cfg, s.vcpus, s.numaMode); err != nil {
 		return s, err
 	}
 	if s.pageKiB, err = hugePageKiB(spec); err != nil {
@@ -102,6 +111,10 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		ph = newPhases()
 	}
 	set, err := vmSettingsFrom(r.spec, h.cfg, r.stdio)
+	if err != nil {
+		return nil, err
+	}
+	cg, err := vmCgroup(ctx, h, r.spec)
 	if err != nil {
 		return nil, err
 	}
@@ -155,6 +168,14 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		placement, placementJSON = pinning(p), string(b)
 	}
 
+	var fdHooks []netfd.ServeOption
+	if cg != nil {
+		if err := createVMCgroup(cg, &rec, r.bundle, &undo); err != nil {
+			return nil, err
+		}
+		fdHooks = append(fdHooks, netfd.WithPeerHook(func(pid int) error { return joinVMCgroup(cg, pid) }))
+	}
+
 	ph.mark("record_and_numa")
 	rootfs := filepath.Join(r.bundle, "rootfs")
 	if len(r.rootfs) > 0 {
@@ -189,6 +210,12 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		},
 		Pinning:     placement,
 		HugePageKiB: set.pageKiB,
+		MaxVCPUs:    set.maxVCPUs,
+	}
+	if placement != nil && len(placement.VCPUPins) > 0 && set.maxVCPUs > set.vcpus {
+		// Spread over nodes: each vCPU is pinned to its guest cell.
+		log.G(ctx).WithField("vm", name).Info("VM spans NUMA nodes: no vCPUs can be added live")
+		spec.MaxVCPUs, set.maxVCPUs = 0, set.vcpus
 	}
 	var fdServer *netfd.Server
 	var guestNet *configdrive.Network
@@ -202,7 +229,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 			}
 			return nil
 		}
-		pn, srv, err := setupNetwork(ctx, h, r.netns, r.podNet, name, ident.runtimeKey(), set.vcpus, recordNetwork, &undo)
+		pn, srv, err := setupNetwork(ctx, h, r.netns, r.podNet, name, ident.runtimeKey(), set.vcpus, recordNetwork, &undo, fdHooks...)
 		if err != nil {
 			return nil, err
 		}
@@ -276,7 +303,8 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	log.G(ctx).WithField("vm", name).WithField("accel", h.accel).
 		WithField("vcpus", set.vcpus).WithField("memoryMiB", set.memMiB).
 		WithField("took", ph.String()).Info("defined VM")
-	return &vmTask{proc: newProc(r.id, r.bundle, r.stdio, publish), h: h, rec: rec, fdServer: fdServer}, nil
+	return &vmTask{proc: newProc(r.id, r.bundle, r.stdio, publish), h: h, rec: rec, fdServer: fdServer, cgroup: cg,
+		vcpus: set.vcpus, memMiB: set.memMiB, maxVCPUs: max(set.maxVCPUs, set.vcpus)}, nil
 }
 
 // takeOverDomainName makes sure name is free for container id: a stopped
@@ -418,6 +446,10 @@ func (t *vmTask) start(ctx context.Context) (int, error) {
 	}
 	ph.mark("console")
 	pid, err := t.h.conn.PID(name)
+	if err == nil {
+		// Already done in the descriptor handoff for a VM with a network.
+		err = joinVMCgroup(t.cgroup, pid)
+	}
 	if err == nil {
 		err = t.h.conn.Resume(name)
 	}
@@ -675,6 +707,7 @@ func releaseVM(ctx context.Context, conn domains, rec *taskRecord, bundle string
 			errs = append(errs, removeFDSocket(rec))
 		}
 	}
+	errs = append(errs, removeVMCgroup(rec))
 	errs = append(errs, teardownNetwork(rec.Network))
 	errs = append(errs, releaseNUMA(rec))
 	if rec.VMDir != "" {

@@ -51,6 +51,8 @@ type vmFixture struct {
 	host   *host
 	events *eventLog
 	bundle string
+	// cgroupsPath is the spec's linux.cgroupsPath ("" for no Linux section).
+	cgroupsPath string
 }
 
 func newVMFixture(t *testing.T) *vmFixture {
@@ -82,6 +84,9 @@ func (f *vmFixture) kernelRootfs() {
 func (f *vmFixture) create(ann map[string]string) (*vmTask, error) {
 	f.host.conn = f.fake
 	spec := &specs.Spec{Annotations: ann}
+	if f.cgroupsPath != "" {
+		spec.Linux = &specs.Linux{CgroupsPath: f.cgroupsPath}
+	}
 	if spec.Annotations == nil {
 		spec.Annotations = map[string]string{}
 	}
@@ -504,7 +509,7 @@ func TestCreateVMTaskDirectKernel(t *testing.T) {
 	}
 	kernel, initrd := filepath.Join(vt.rec.VMDir, "vmlinuz"), filepath.Join(vt.rec.VMDir, "initrd")
 	x := f.fake.doms[vt.rec.Domain].xml
-	for _, want := range []string{"<cmdline>console=ttyS0 quiet</cmdline>", `<vcpu placement="static">2</vcpu>`, "<container-id>vm1</container-id>", kernel, initrd} {
+	for _, want := range []string{"<cmdline>console=ttyS0 quiet</cmdline>", `<vcpu placement="static" current="2">4</vcpu>`, "<container-id>vm1</container-id>", kernel, initrd} {
 		if !strings.Contains(x, want) {
 			t.Errorf("domain XML lacks %s:\n%s", want, x)
 		}

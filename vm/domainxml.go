@@ -48,6 +48,7 @@ type sizeXML struct {
 type vcpuXML struct {
 	Placement string `xml:"placement,attr"`
 	CPUSet    string `xml:"cpuset,attr,omitempty"`
+	Current   int    `xml:"current,attr,omitempty"` // vCPUs online at start when below the maximum (the value)
 	Value     int    `xml:",chardata"`
 }
 

@@ -24,6 +24,7 @@ var configurators = []configurator{
 	configureConsole,
 	configureAgentChannel,
 	configureDevices,
+	configureHotplug,
 }
 
 // Render validates the spec and returns the libvirt domain XML for it.

@@ -83,6 +83,10 @@ func goldenCases() map[string]Spec {
 			{HostNode: 1, VCPUs: []int{2, 3}, MemoryMiB: 1024},
 		}}
 
+	// Starts with 1 vCPU of up to 4, floating over a node's CPUs.
+	hotplug := node
+	hotplug.MaxVCPUs = 4
+
 	vfat := baseSpec()
 	vfat.Disk = tcgDisk.Disk
 	vfat.ConfigDrive = &ConfigDrive{Path: "/var/lib/containerd-shim-kvm-v1/vms/x/config-2.img", Format: "vfat"}
@@ -94,6 +98,7 @@ func goldenCases() map[string]Spec {
 		"configdrive-vfat": vfat, "configdrive-iso": iso,
 		"tcg-disk": tcgDisk, "kvm-kernel": kvmKernel, "escaping": hostile,
 		"numa-node": node, "numa-dedicated": dedicated, "numa-spread": spread,
+		"hotplug-vcpus": hotplug,
 	}
 }
 
@@ -178,6 +183,12 @@ func TestValidateRejects(t *testing.T) {
 			s.ConfigDrive = &ConfigDrive{Path: "/c", Format: "ext4"}
 		},
 		"pins for 1 of 2": func(s *Spec) { s.Disk = &Disk{Path: "/d", Format: "raw"}; s.Pinning = &Pinning{VCPUPins: [][]int{{3}}} },
+		"max below vcpus": func(s *Spec) { s.Disk = &Disk{Path: "/d", Format: "raw"}; s.VCPUs = 2; s.MaxVCPUs = 1 },
+		"pinned hotplug": func(s *Spec) {
+			s.Disk = &Disk{Path: "/d", Format: "raw"}
+			s.Pinning = &Pinning{VCPUPins: [][]int{{3}}}
+			s.MaxVCPUs = 2
+		},
 	}
 	for name, mutate := range cases {
 		s := baseSpec()

@@ -41,6 +41,9 @@ type Spec struct {
 	Pinning *Pinning
 	// HugePages backs guest memory with huge pages of this size; 0 is none.
 	HugePageKiB uint64
+
+	// MaxVCPUs is how many vCPUs the VM may grow to live (0: VCPUs).
+	MaxVCPUs int
 }
 
 // Pinning is where a VM's vCPUs, emulator threads and memory may run.
@@ -128,6 +131,10 @@ func (s *Spec) Validate() error {
 		return errors.New("console socket and log paths are required")
 	case s.ConfigDrive != nil && s.ConfigDrive.Format != "vfat" && s.ConfigDrive.Format != "iso9660":
 		return fmt.Errorf("unknown config drive format %q", s.ConfigDrive.Format)
+	case s.MaxVCPUs != 0 && s.MaxVCPUs < s.VCPUs:
+		return fmt.Errorf("max vcpus %d is below the %d vCPUs the VM starts with", s.MaxVCPUs, s.VCPUs)
+	case s.MaxVCPUs > s.VCPUs && s.Pinning != nil && len(s.Pinning.VCPUPins) > 0:
+		return fmt.Errorf("a VM with pinned vCPUs cannot add vCPUs live (max vcpus %d, %d pinned)", s.MaxVCPUs, s.VCPUs)
 	case s.Pinning != nil && len(s.Pinning.VCPUPins) > 0 && len(s.Pinning.VCPUPins) != s.VCPUs:
 		return fmt.Errorf("%d vCPU pins for %d vCPUs", len(s.Pinning.VCPUPins), s.VCPUs)
 	}

@@ -1,5 +1,6 @@
-// Package procfs identifies processes across pid reuse: a pid together
-// with its start time (field 22 of /proc/<pid>/stat) names one process.
+// Package procfs reads /proc: it identifies processes across pid reuse (a
+// pid together with its start time, field 22 of /proc/<pid>/stat, names
+// one process) and unescapes mountinfo paths.
 package procfs
 
 import (
@@ -39,4 +40,24 @@ func Gone(pid int, start uint64) bool {
 		return true
 	}
 	return err == nil && got != start
+}
+
+// UnescapeMountinfo undoes the octal escapes (\040 etc.) of a path in
+// /proc/<pid>/mountinfo.
+func UnescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }

@@ -25,3 +25,9 @@ func TestStartTimeAndGone(t *testing.T) {
 		t.Error("an exited process counts as alive")
 	}
 }
+
+func TestUnescapeMountinfo(t *testing.T) {
+	if got := UnescapeMountinfo(`/run/a\040b`); got != "/run/a b" {
+		t.Errorf("got %q", got)
+	}
+}

@@ -74,6 +74,7 @@ type PodOptions struct {
 	Name, Namespace, UID string // Namespace "" means "testenv"; UID "" means Namespace/Name
 	Handler              string // runtime handler: "kvm" or "runc"
 	Annotations          map[string]string
+	CgroupParent         string // the pod's cgroup, as kubelet's cgroupfs driver names it; "" for none
 }
 
 // RunPod runs a pod sandbox. Its log directory is below the daemon's Dir.
@@ -94,7 +95,7 @@ func (cl *CRI) RunPod(ctx context.Context, o PodOptions) (*Pod, error) {
 		LogDirectory: logDir,
 		Labels:       map[string]string{"app": o.Name},
 		Annotations:  o.Annotations,
-		Linux:        &cri.LinuxPodSandboxConfig{},
+		Linux:        &cri.LinuxPodSandboxConfig{CgroupParent: o.CgroupParent},
 	}
 	resp, err := cl.Runtime.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: cfg, RuntimeHandler: o.Handler})
 	if err != nil {
@@ -111,6 +112,8 @@ type ContainerOptions struct {
 	// MemoryLimit in bytes; 0 sets none (the kvm shim then uses its
 	// default_memory_mib).
 	MemoryLimit int64
+	// CPUs sets a CPU limit (quota over a 100 ms period); 0 sets none.
+	CPUs int64
 }
 
 // LogPath is where CRI writes the container's log (for a VM: its console).
@@ -131,6 +134,9 @@ func (cl *CRI) CreateContainer(ctx context.Context, p *Pod, o ContainerOptions) 
 		LogPath:     filepath.Join(o.Name, "0.log"),
 		Annotations: o.Annotations,
 		Linux:       &cri.LinuxContainerConfig{Resources: &cri.LinuxContainerResources{MemoryLimitInBytes: o.MemoryLimit}},
+	}
+	if o.CPUs > 0 {
+		cfg.Linux.Resources.CpuPeriod, cfg.Linux.Resources.CpuQuota = 100000, o.CPUs*100000
 	}
 	resp, err := cl.Runtime.CreateContainer(ctx, &cri.CreateContainerRequest{PodSandboxId: p.ID, Config: cfg, SandboxConfig: p.Config})
 	if err != nil {

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/procfs"
+
 	"github.com/digitalocean/go-libvirt"
 	"github.com/digitalocean/go-libvirt/socket/dialers"
 )
@@ -84,32 +86,13 @@ func MountsUnderIn(mountinfo, dir string) []string {
 		if len(fields) < 5 {
 			continue
 		}
-		mp := unescapeMountinfo(fields[4])
+		mp := procfs.UnescapeMountinfo(fields[4])
 		if mp == dir || strings.HasPrefix(mp, dir+"/") {
 			mounts = append(mounts, mp)
 		}
 	}
 	sort.Sort(sort.Reverse(sort.StringSlice(mounts)))
 	return mounts
-}
-
-// unescapeMountinfo undoes the octal escapes (\040 etc.) of mountinfo.
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // Mounts lists the mount points at or below dir that the daemon and its

@@ -136,12 +136,6 @@ func TestServerVersion(t *testing.T) {
 	}
 }
 
-func TestUnescapeMountinfo(t *testing.T) {
-	if got := unescapeMountinfo(`/run/a\040b`); got != "/run/a b" {
-		t.Errorf("got %q", got)
-	}
-}
-
 func TestStateDirLeftovers(t *testing.T) {
 	dir := t.TempDir()
 	for _, d := range []string{"vms", "pods"} {

@@ -56,7 +56,7 @@ type config struct {
 // allSections are the sections there are; defaultSections run without
 // -sections. "net" (bench-net) and "exec" run only when asked for.
 var (
-	allSections     = []string{"latency", "memory", "density", "micro", "net", "exec"}
+	allSections     = []string{"latency", "memory", "density", "micro", "net", "exec", "resources"}
 	defaultSections = []string{"latency", "memory", "density", "micro"}
 )
 
@@ -149,7 +149,7 @@ func parseFlags(args []string) (*config, error) {
 func (c *config) has(section string) bool { return slices.Contains(c.sections, section) }
 
 func (c *config) needsDaemons() bool {
-	return c.has("latency") || c.has("memory") || c.has("density") || c.has("net") || c.has("exec")
+	return c.has("latency") || c.has("memory") || c.has("density") || c.has("net") || c.has("exec") || c.has("resources")
 }
 
 func splitList(s string) []string {
@@ -275,6 +275,10 @@ func measureOnHost(ctx context.Context, c *config, res *results) (retErr error) 
 	if c.has("exec") && ctx.Err() == nil {
 		res.Exec, err = runExec(ctx, e)
 		res.fail("exec", err)
+	}
+	if c.has("resources") && ctx.Err() == nil {
+		res.Resources, err = runResources(ctx, e)
+		res.fail("resources", err)
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()

@@ -29,6 +29,8 @@ type results struct {
 	Micro    *microResult    `json:"micro,omitempty"`
 	Net      *netResults     `json:"net,omitempty"`
 	Exec     []execResult    `json:"exec,omitempty"`
+	// Resources: VM overhead above guest RAM and live resize (-sections resources).
+	Resources *resourcesResults `json:"resources,omitempty"`
 	// Failed lists the sections that failed, with why.
 	Failed []string `json:"failed,omitempty"`
 	// Disturbance is what else ran on the host during the sections.
@@ -138,6 +140,7 @@ func (r *results) build() {
 	r.buildDensity()
 	r.buildNet()
 	r.buildExec()
+	r.buildResources()
 	r.buildMicro()
 	r.add("-", "KVM start latency and boot time", "cannot run here: "+r.Machine.AccelWhy, "", "not measured")
 	r.add("-", "vhost-net throughput", "cannot run here: the shim hands QEMU vhost-net descriptors only for KVM domains, and this host has no /dev/vhost-net", "", "not measured")
@@ -515,6 +518,8 @@ func (r *results) write(dir string) ([]string, error) {
 	tag, kind := strings.Join(r.Settings.Flavours, "-"), ""
 	switch {
 	case r.Latency != nil || r.Memory != nil || r.Density != nil:
+	case r.Resources != nil && r.Net == nil && r.Micro == nil:
+		tag, kind = tag+"-resources", "-resources"
 	case r.Net != nil && r.Micro == nil:
 		tag, kind = tag+"-net", "-net"
 	case r.Exec != nil && r.Micro == nil:

@@ -1,0 +1,152 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
+)
+
+// AnnotationMaxVCPUs sets how many vCPUs a VM may grow to while it runs:
+// a whole number from its starting vCPUs to max_vcpus.
+const AnnotationMaxVCPUs = "kvm.containerd.io/max-vcpus"
+
+// hotplugMaxVCPUs is the most vCPUs a VM of vcpus may have live: the
+// annotation, else the config's hotplug_max_vcpus, never below vcpus. A
+// dedicated VM pins each vCPU to its own host CPU and cannot grow.
+func hotplugMaxVCPUs(spec *specs.Spec, cfg Config, vcpus int, mode numa.Mode) (int, error) {
+	v, ok := spec.Annotations[AnnotationMaxVCPUs]
+	if !ok {
+		if mode == numa.ModeDedicated {
+			return vcpus, nil
+		}
+		return max(vcpus, cfg.HotplugMaxVCPUs), nil
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil || n < vcpus || n > cfg.MaxVCPUs {
+		return 0, fmt.Errorf("annotation %s = %q: want a whole number from the VM's %d vCPUs to max_vcpus %d: %w", AnnotationMaxVCPUs, v, vcpus, cfg.MaxVCPUs, errdefs.ErrInvalidArgument)
+	}
+	if n > vcpus && mode == numa.ModeDedicated {
+		return 0, fmt.Errorf("annotation %s = %q: a VM in numa-mode dedicated cannot add vCPUs live: %w", AnnotationMaxVCPUs, v, errdefs.ErrInvalidArgument)
+	}
+	return n, nil
+}
+
+// resources decodes the LinuxResources of a task update (containerd
+// sends them as JSON under runtime-spec's type URL).
+func updateResources(a *anypb.Any) (*specs.LinuxResources, error) {
+	if a == nil || !strings.HasSuffix(a.GetTypeUrl(), "/LinuxResources") {
+		return nil, fmt.Errorf("update carries %q, not LinuxResources: %w", a.GetTypeUrl(), errdefs.ErrInvalidArgument)
+	}
+	var r specs.LinuxResources
+	if err := json.Unmarshal(a.GetValue(), &r); err != nil {
+		return nil, fmt.Errorf("decode LinuxResources: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	return &r, nil
+}
+
+// vmSize is what a resize asks of a VM.
+type resizeTarget struct{ vcpus, memMiB int }
+
+// resizeTargetFrom reads the VM's new size from updated resources, as
+// Create reads it from the spec: CPU quota/period rounded up to whole
+// vCPUs, the memory limit in MiB. What the update leaves out (or sets
+// unlimited) stays as it is.
+func resizeTargetFrom(r *specs.LinuxResources, vcpus, memMiB int) resizeTarget {
+	t := resizeTarget{vcpus: vcpus, memMiB: memMiB}
+	if c := r.CPU; c != nil && c.Quota != nil && *c.Quota > 0 && c.Period != nil && *c.Period > 0 {
+		q, p := uint64(*c.Quota), *c.Period
+		t.vcpus = int((q + p - 1) / p)
+	}
+	if m := r.Memory; m != nil && m.Limit != nil && *m.Limit > 0 {
+		t.memMiB = int((*m.Limit + mib - 1) / mib)
+	}
+	return t
+}
+
+// update resizes a running VM live: vCPUs are plugged or unplugged up to
+// its maximum, and the node's NUMA reservation follows. Everything is
+// checked first; a step that fails undoes the ones before, so the VM is
+// never left half-resized. Guest memory cannot change live yet.
+func (t *vmTask) update(ctx context.Context, r *specs.LinuxResources) error {
+	t.resizeMu.Lock() // one resize at a time; mu stays free for kill and stats
+	defer t.resizeMu.Unlock()
+	t.mu.Lock()
+	status, cur, mem := t.status, t.vcpus, t.memMiB
+	t.mu.Unlock()
+	if status != task.Status_RUNNING {
+		return fmt.Errorf("resize %s: the VM is %s; only a running VM is resized live: %w", t.id, strings.ToLower(status.String()), errdefs.ErrFailedPrecondition)
+	}
+	want := resizeTargetFrom(r, cur, mem)
+	switch {
+	case want.memMiB != mem:
+		return fmt.Errorf("resize %s: linux.resources.memory.limit asks for %d MiB of guest memory, the VM has %d MiB: memory cannot change while the VM runs (recreate the container): %w",
+			t.id, want.memMiB, mem, errdefs.ErrFailedPrecondition)
+	case want.vcpus > t.maxVCPUs:
+		return fmt.Errorf("resize %s: linux.resources.cpu asks for %d vCPUs, more than the %d the VM may grow to (annotation %s, config hotplug_max_vcpus): %w",
+			t.id, want.vcpus, t.maxVCPUs, AnnotationMaxVCPUs, errdefs.ErrInvalidArgument)
+	case want.vcpus == cur:
+		return nil
+	}
+	l := log.G(ctx).WithField("vm", t.rec.Domain).WithField("from", cur).WithField("to", want.vcpus)
+	if t.rec.NUMAOwner != "" && t.h.numa != nil {
+		if _, err := t.h.numa.Resize(t.rec.NUMAOwner, want.vcpus); err != nil {
+			return fmt.Errorf("resize %s: %w", t.id, err)
+		}
+	}
+	err := t.h.conn.SetVCPUs(t.rec.Domain, want.vcpus)
+	if err != nil && want.vcpus < cur && t.waitVCPUs(want.vcpus) {
+		// libvirt gives the guest 5 s to release a vCPU; a guest under
+		// TCG on a busy host may take longer, and libvirt still
+		// completes the unplug when the guest does.
+		l.WithError(err).Info("the guest released the vCPUs after libvirt stopped waiting")
+		err = nil
+	}
+	if err != nil {
+		if t.rec.NUMAOwner != "" && t.h.numa != nil {
+			if _, uerr := t.h.numa.Resize(t.rec.NUMAOwner, cur); uerr != nil {
+				l.WithError(uerr).Warn("give back the NUMA reservation of a failed resize")
+			}
+		}
+		// libvirt may have plugged some vCPUs before it failed.
+		if n, cerr := t.h.conn.VCPUs(t.rec.Domain); cerr == nil && n != cur {
+			if rerr := t.h.conn.SetVCPUs(t.rec.Domain, cur); rerr != nil {
+				l.WithError(rerr).Warn("put back the vCPUs of a failed resize")
+			}
+		}
+		return fmt.Errorf("resize %s to %d vCPUs: %w", t.id, want.vcpus, err)
+	}
+	t.mu.Lock()
+	t.vcpus = want.vcpus
+	t.mu.Unlock()
+	l.Info("resized VM")
+	return nil
+}
+
+// unplugWait is how long update waits, beyond libvirt's own 5 s, for a
+// guest to release vCPUs being unplugged.
+var unplugWait = 30 * time.Second
+
+// waitVCPUs waits up to unplugWait for the domain to have n vCPUs.
+func (t *vmTask) waitVCPUs(n int) bool {
+	deadline := time.Now().Add(unplugWait)
+	for {
+		if got, err := t.h.conn.VCPUs(t.rec.Domain); err == nil && got == n {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

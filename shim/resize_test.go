@@ -1,0 +1,160 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
+)
+
+func cpuResources(quota int64) *specs.LinuxResources {
+	period := uint64(100000)
+	return &specs.LinuxResources{CPU: &specs.LinuxCPU{Quota: &quota, Period: &period}}
+}
+
+func TestHotplugMaxVCPUs(t *testing.T) {
+	cfg := DefaultConfig() // hotplug_max_vcpus 4, max_vcpus 64
+	for _, c := range []struct {
+		ann   string
+		vcpus int
+		mode  numa.Mode
+		want  int
+		err   bool
+	}{
+		{"", 1, numa.ModeNode, 4, false},
+		{"", 6, numa.ModeNode, 6, false},
+		{"", 1, numa.ModeDedicated, 1, false},
+		{"8", 2, numa.ModeNode, 8, false},
+		{"2", 2, numa.ModeDedicated, 2, false},
+		{"1", 2, numa.ModeNode, 0, true},
+		{"65", 2, numa.ModeNode, 0, true},
+		{"four", 2, numa.ModeNode, 0, true},
+		{"4", 2, numa.ModeDedicated, 0, true},
+	} {
+		spec := &specs.Spec{Annotations: map[string]string{}}
+		if c.ann != "" {
+			spec.Annotations[AnnotationMaxVCPUs] = c.ann
+		}
+		got, err := hotplugMaxVCPUs(spec, cfg, c.vcpus, c.mode)
+		if c.err {
+			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), AnnotationMaxVCPUs) {
+				t.Errorf("%q with %d vCPUs (%s): %v, want InvalidArgument naming the annotation", c.ann, c.vcpus, c.mode, err)
+			}
+			continue
+		}
+		if err != nil || got != c.want {
+			t.Errorf("%q with %d vCPUs (%s) = %d, %v; want %d", c.ann, c.vcpus, c.mode, got, err, c.want)
+		}
+	}
+}
+
+func TestUpdateResourcesDecodes(t *testing.T) {
+	b, _ := json.Marshal(cpuResources(200000))
+	r, err := updateResources(&anypb.Any{TypeUrl: "types.containerd.io/opencontainers/runtime-spec/1/LinuxResources", Value: b})
+	if err != nil || *r.CPU.Quota != 200000 {
+		t.Fatalf("%+v, %v", r, err)
+	}
+	if _, err := updateResources(&anypb.Any{TypeUrl: "types.containerd.io/other", Value: b}); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("foreign type: %v", err)
+	}
+	if _, err := updateResources(&anypb.Any{TypeUrl: "x/LinuxResources", Value: []byte("{")}); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("bad JSON: %v", err)
+	}
+}
+
+// A running VM grows and shrinks within its maximum; the domain renders
+// with room for it.
+func TestVMTaskUpdateVCPUs(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.started()
+	if xml := f.fake.doms[vt.rec.Domain].xml; !strings.Contains(xml, `current="1">4</vcpu>`) {
+		t.Errorf("domain has no room to grow:\n%s", xml)
+	}
+	ctx := context.Background()
+	if err := vt.update(ctx, cpuResources(150000)); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := f.fake.VCPUs(vt.rec.Domain); n != 2 || vt.vcpus != 2 {
+		t.Errorf("after 1.5 CPUs: domain has %d vCPUs, task says %d; want 2", n, vt.vcpus)
+	}
+	if err := vt.update(ctx, cpuResources(100000)); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := f.fake.VCPUs(vt.rec.Domain); n != 1 {
+		t.Errorf("after 1 CPU: %d vCPUs", n)
+	}
+	// No CPU limit and the same memory: nothing changes, nothing is asked.
+	calls := len(f.fake.called())
+	if err := vt.update(ctx, &specs.LinuxResources{}); err != nil || len(f.fake.called()) != calls {
+		t.Errorf("empty update: %v, calls %v", err, f.fake.called()[calls:])
+	}
+}
+
+// Bad input and a VM that cannot take the change: a clear error naming
+// the field, and the VM as it was.
+func TestVMTaskUpdateRefused(t *testing.T) {
+	limit := int64(1 << 30)
+	for name, c := range map[string]struct {
+		res   *specs.LinuxResources
+		setup func(*vmFixture, *vmTask)
+		is    func(error) bool
+		want  string
+	}{
+		"above the maximum": {res: cpuResources(500000), is: errdefs.IsInvalidArgument, want: "linux.resources.cpu"},
+		"memory":            {res: &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}}, is: errdefs.IsFailedPrecondition, want: "linux.resources.memory.limit"},
+		"paused": {res: cpuResources(200000), is: errdefs.IsFailedPrecondition, want: "paused",
+			setup: func(f *vmFixture, vt *vmTask) { _ = vt.pause(context.Background()) }},
+		"libvirt fails": {res: cpuResources(300000), is: func(err error) bool { return strings.Contains(err.Error(), "guest refused") }, want: "3 vCPUs",
+			setup: func(f *vmFixture, vt *vmTask) { f.fake.vcpuErr = errors.New("guest refused") }},
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := newVMFixture(t)
+			vt := f.started()
+			if c.setup != nil {
+				c.setup(f, vt)
+			}
+			err := vt.update(context.Background(), c.res)
+			if err == nil || !c.is(err) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want an error naming %q", err, c.want)
+			}
+			f.fake.vcpuErr = nil
+			if n, _ := f.fake.VCPUs(vt.rec.Domain); vt.vcpus != 1 || (n != 0 && n != 1) {
+				t.Errorf("after a refused resize: task %d vCPUs, domain %d; want 1", vt.vcpus, n)
+			}
+		})
+	}
+	f := newVMFixture(t)
+	vt := f.created()
+	if err := vt.update(context.Background(), cpuResources(200000)); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "created") {
+		t.Errorf("resize before start: %v", err)
+	}
+}
+
+// libvirt stops waiting for a guest to release a vCPU after 5 s; a slower
+// guest that releases it later completes the resize.
+func TestVMTaskUpdateSlowUnplug(t *testing.T) {
+	unplugWait = 100 * time.Millisecond
+	t.Cleanup(func() { unplugWait = 30 * time.Second })
+	f := newVMFixture(t)
+	vt := f.started()
+	ctx := context.Background()
+	if err := vt.update(ctx, cpuResources(200000)); err != nil {
+		t.Fatal(err)
+	}
+	f.fake.lateErr = errors.New("vcpu unplug request timed out")
+	if err := vt.update(ctx, cpuResources(100000)); err != nil || vt.vcpus != 1 {
+		t.Errorf("unplug the guest completed late: %v, task has %d vCPUs", err, vt.vcpus)
+	}
+	// Growing never waits: libvirt's error stands and the VM is put back.
+	if err := vt.update(ctx, cpuResources(200000)); err == nil || vt.vcpus != 1 {
+		t.Errorf("plug that failed: %v, task has %d vCPUs", err, vt.vcpus)
+	}
+}
