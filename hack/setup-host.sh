@@ -154,7 +154,9 @@ restart_libvirtd() {
 		[ "$SECONDS" -lt "$deadline" ] || die "libvirtd (pid $pid) did not stop within 30s"
 		sleep 0.2
 	done
-	start_daemon libvirtd
+	# The daemon must not inherit the lock's descriptor: it would hold the
+	# lock for as long as it runs, and every integration run would wait.
+	start_daemon libvirtd {lockfd}>&-
 	wait_libvirt
 	exec {lockfd}>&-
 }
