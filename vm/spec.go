@@ -41,6 +41,12 @@ type Spec struct {
 	Pinning *Pinning
 	// HugePages backs guest memory with huge pages of this size; 0 is none.
 	HugePageKiB uint64
+
+	// VolumeDisks and Shares are the pod's volumes (see volumes.go);
+	// VirtiofsBinary is the virtiofsd libvirt starts for each share.
+	VolumeDisks    []VolumeDisk
+	Shares         []Share
+	VirtiofsBinary string
 }
 
 // Pinning is where a VM's vCPUs, emulator threads and memory may run.
@@ -131,5 +137,5 @@ func (s *Spec) Validate() error {
 	case s.Pinning != nil && len(s.Pinning.VCPUPins) > 0 && len(s.Pinning.VCPUPins) != s.VCPUs:
 		return fmt.Errorf("%d vCPU pins for %d vCPUs", len(s.Pinning.VCPUPins), s.VCPUs)
 	}
-	return nil
+	return s.validateVolumes()
 }
