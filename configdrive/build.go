@@ -47,17 +47,24 @@ func render(inst Instance, network *Network, opts Options, seed []byte) ([]file,
 	if err != nil {
 		return nil, fmt.Errorf("network: %w", err)
 	}
+	vl, vd, err := renderVolumes(inst.Volumes)
+	if err != nil {
+		return nil, err
+	}
 	var files []file
 	for _, v := range versions {
 		dir := "openstack/" + v + "/"
 		files = append(files,
 			file{dir + "meta_data.json", md},
 			file{dir + "network_data.json", nd},
-			file{dir + "vendor_data.json", []byte("{}\n")},
+			file{dir + "vendor_data.json", vd},
 		)
 		if len(opts.UserData) > 0 {
 			files = append(files, file{dir + "user_data", opts.UserData})
 		}
+	}
+	if len(inst.Volumes) > 0 {
+		files = append(files, file{VolumesFile, vl})
 	}
 	return files, nil
 }
