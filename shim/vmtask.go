@@ -99,6 +99,14 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	if err != nil {
 		return nil, err
 	}
+	vols, err := classifyVolumes(ctx, r.spec)
+	if err != nil {
+		return nil, err
+	}
+	diskSizes, err := diskImageSizes(r.spec)
+	if err != nil {
+		return nil, err
+	}
 	ph.mark("checks")
 	name := ident.DomainName()
 	if err := takeOverDomainName(h.conn, name, ident.ContainerID); err != nil {
@@ -184,6 +192,12 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		Pinning:     placement,
 		HugePageKiB: set.pageKiB,
 	}
+	gv, err := prepareVolumes(ctx, h, vols, diskSizes, vmDir, &undo)
+	if err != nil {
+		return nil, err
+	}
+	spec.VolumeDisks, spec.Shares, spec.VirtiofsBinary = gv.disks, gv.shares, h.cfg.Virtiofsd
+	ph.mark("volumes")
 	var fdServer *netfd.Server
 	var guestNet *configdrive.Network
 	if r.netns != "" {
@@ -225,7 +239,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	waitDrive := func() error { return nil }
 	defer func() { _ = waitDrive() }()
 	if !set.drive.Disabled {
-		cd, build, err := planConfigDrive(ctx, h, ident, vmDir, guestNet, set.drive)
+		cd, build, err := planConfigDrive(ctx, h, ident, vmDir, guestNet, gv.list, set.drive)
 		if err != nil {
 			return nil, err
 		}
@@ -384,7 +398,8 @@ func exposeFromRootfs(rootfs, p, dst string, undo *rollback) error {
 // readOnlyMounts lists the places in vmDir that may be bind mounts.
 func readOnlyMounts(vmDir string) []string {
 	bases, _ := filepath.Glob(filepath.Join(vmDir, "base.*"))
-	return append(bases, filepath.Join(vmDir, kernelFile), filepath.Join(vmDir, initrdFile))
+	shares, _ := filepath.Glob(filepath.Join(vmDir, sharesDir, "*"))
+	return append(append(bases, shares...), filepath.Join(vmDir, kernelFile), filepath.Join(vmDir, initrdFile))
 }
 
 func (t *vmTask) start(ctx context.Context) (int, error) {

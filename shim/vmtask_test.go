@@ -80,8 +80,11 @@ func (f *vmFixture) kernelRootfs() {
 }
 
 func (f *vmFixture) create(ann map[string]string) (*vmTask, error) {
+	return f.createSpec(&specs.Spec{Annotations: ann})
+}
+
+func (f *vmFixture) createSpec(spec *specs.Spec) (*vmTask, error) {
 	f.host.conn = f.fake
-	spec := &specs.Spec{Annotations: ann}
 	if spec.Annotations == nil {
 		spec.Annotations = map[string]string{}
 	}
