@@ -129,7 +129,12 @@ func (v volumePod) config(image string) *cri.ContainerConfig {
 
 func (c *containerd) startVolumePod(t *testing.T, cl *criClient, name string, cfg *cri.ContainerConfig) *podContainer {
 	t.Helper()
-	p := c.runPod(t, cl, name, "kvm", nil)
+	return cl.startContainerIn(t, c.runPod(t, cl, name, "kvm", nil), cfg)
+}
+
+// startContainerIn creates and starts the container cfg in pod p.
+func (cl *criClient) startContainerIn(t *testing.T, p *pod, cfg *cri.ContainerConfig) *podContainer {
+	t.Helper()
 	cid, err := cl.createContainer(p, cfg)
 	if err != nil {
 		t.Fatalf("CreateContainer: %v", err)
