@@ -1,0 +1,65 @@
+package vm
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+)
+
+// TestVolumesDefine has the host's libvirtd (9.0 here) define the volume
+// domains, every kind with memfd and with huge pages on guest NUMA cells:
+// its own checks (virtiofs needs shared memory, a block disk's serial)
+// go beyond the schema. A share without shared memory is refused, which
+// is why configureShares sets it.
+func TestVolumesDefine(t *testing.T) {
+	if testing.Short() {
+		t.Skip("talks to the host's libvirtd")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for libvirtd's read-write socket")
+	}
+	if libvirtdPID(t) == "" {
+		t.Skip("libvirtd is not running (hack/setup-host.sh starts it)")
+	}
+	c, err := Connect(context.Background(), DefaultSocket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	define := func(i int, spec Spec) error {
+		spec.Name = fmt.Sprintf("kvm-voltest-%d-%d", os.Getpid(), i)
+		spec.UUID = fmt.Sprintf("6f1c2a4e-8d3b-5e7f-9a%02x-%012x", i, os.Getpid())
+		out, err := Render(&spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Define(out); err != nil {
+			return err
+		}
+		return c.Undefine(spec.Name)
+	}
+	cases := goldenCases()
+	for i, name := range []string{"volumes", "volumes-hugepages-numa"} {
+		if err := define(i, cases[name]); err != nil {
+			t.Errorf("libvirtd refuses %s: %v", name, err)
+		}
+	}
+	// The same share without shared memory, as a renderer that forgot it
+	// would write it: libvirt must refuse it.
+	spec := cases["volumes"]
+	out, err := Render(&spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec.Name = fmt.Sprintf("kvm-voltest-%d-noshm", os.Getpid())
+	noShared := strings.Replace(string(out), `<access mode="shared"></access>`, "", 1)
+	noShared = strings.Replace(noShared, "<name>kvm-default-vm1-0123456789ab</name>", "<name>"+spec.Name+"</name>", 1)
+	if err := c.Define([]byte(noShared)); err == nil {
+		_ = c.Undefine(spec.Name)
+		t.Error("libvirtd defined a virtiofs share without shared memory")
+	} else if t.Logf("refused: %v", err); !strings.Contains(err.Error(), "shared") {
+		t.Errorf("refused for another reason: %v", err)
+	}
+}
