@@ -141,7 +141,16 @@ func Build(ctx context.Context, dir, out string, inst Instance, network *Network
 		if err := run(ctx, env, "mkfs.vfat", "-n", Label, "-i", volumeID(inst.UUID), tmpName); err != nil {
 			return err
 		}
-		if err := run(ctx, env, "mcopy", "-s", "-Q", "-i", tmpName, filepath.Join(tree, "openstack"), "::/"); err != nil {
+		// Every top-level directory (openstack/, and kvm/ with volumes).
+		tops, err := os.ReadDir(tree)
+		if err != nil {
+			return err
+		}
+		args := []string{"-s", "-Q", "-i", tmpName}
+		for _, e := range tops {
+			args = append(args, filepath.Join(tree, e.Name()))
+		}
+		if err := run(ctx, env, "mcopy", append(args, "::/")...); err != nil {
 			return err
 		}
 	case FormatISO9660:

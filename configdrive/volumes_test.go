@@ -19,9 +19,11 @@ func testVolumes() []Volume {
 	}
 }
 
+// TestRenderVolumes checks the list and the vendor-data; the image
+// readers' tests (tools_test.go) read both back from vfat and iso9660
+// images, as testInstance has volumes.
 func TestRenderVolumes(t *testing.T) {
 	inst := testInstance()
-	inst.Volumes = testVolumes()
 	files, err := render(inst, nil, Options{}, make([]byte, randomSeedLen))
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +47,8 @@ func TestRenderVolumes(t *testing.T) {
 	}
 
 	// Without volumes: no list, and the vendor-data stays empty.
-	files, err = render(testInstance(), nil, Options{}, make([]byte, randomSeedLen))
+	inst.Volumes = nil
+	files, err = render(inst, nil, Options{}, make([]byte, randomSeedLen))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,9 +82,7 @@ func TestRenderVolumesRefuses(t *testing.T) {
 // checks that bootcmd holds the mounts.
 func TestCloudInitMountsShares(t *testing.T) {
 	python := requireCloudInit(t)
-	inst := testInstance()
-	inst.Volumes = testVolumes()
-	_, vd, err := renderVolumes(inst.Volumes)
+	_, vd, err := renderVolumes(testVolumes())
 	if err != nil {
 		t.Fatal(err)
 	}
