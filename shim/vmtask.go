@@ -399,7 +399,8 @@ func exposeFromRootfs(rootfs, p, dst string, undo *rollback) error {
 func readOnlyMounts(vmDir string) []string {
 	bases, _ := filepath.Glob(filepath.Join(vmDir, "base.*"))
 	shares, _ := filepath.Glob(filepath.Join(vmDir, sharesDir, "*"))
-	return append(append(bases, shares...), filepath.Join(vmDir, kernelFile), filepath.Join(vmDir, initrdFile))
+	disks, _ := filepath.Glob(filepath.Join(vmDir, volumesDir, "*"))
+	return append(append(append(bases, shares...), disks...), filepath.Join(vmDir, kernelFile), filepath.Join(vmDir, initrdFile))
 }
 
 func (t *vmTask) start(ctx context.Context) (int, error) {

@@ -162,7 +162,8 @@ func prepareVolumes(ctx context.Context, h *host, vols []volume, sizes map[strin
 		}
 	}
 	for i, v := range vols {
-		disk, share, err := prepareVolume(ctx, h, v, sizes[filepath.Clean(v.dest)], undo)
+		pin := filepath.Join(vmDir, volumesDir, diskNames[i]+".img")
+		disk, share, err := prepareVolume(ctx, h, v, sizes[filepath.Clean(v.dest)], pin, undo)
 		if err != nil {
 			return g, err
 		}
@@ -175,7 +176,7 @@ func prepareVolumes(ctx context.Context, h *host, vols []volume, sizes map[strin
 			disk.Name, disk.Serial, disk.ReadOnly = v.dest, diskNames[i], v.readOnly
 			g.disks = append(g.disks, *disk)
 			g.list = append(g.list, configdrive.Volume{Kind: configdrive.VolumeDisk, Name: disk.Serial, Path: v.dest, ReadOnly: v.readOnly})
-			entry.WithField("path", disk.Path).WithField("serial", disk.Serial).Info("volume is a virtio disk")
+			entry.WithField("path", disk.Path).WithField("source", v.source).WithField("serial", disk.Serial).Info("volume is a virtio disk")
 		default:
 			if len(g.shares) == vm.MaxShares {
 				return g, fmt.Errorf("volume %s: more than %d shared (virtiofs) volumes: %w", v.dest, vm.MaxShares, errdefs.ErrInvalidArgument)
@@ -200,13 +201,17 @@ func prepareVolumes(ctx context.Context, h *host, vols []volume, sizes map[strin
 	return g, nil
 }
 
-// sharesDir holds, in a VM dir, the read-only bind mounts of read-only shares.
-const sharesDir = "shares"
+// In a VM dir, sharesDir holds the read-only bind mounts of read-only
+// shares, volumesDir the bind mounts of the disk.img files QEMU opens.
+const (
+	sharesDir  = "shares"
+	volumesDir = "volumes"
+)
 
 // prepareVolume decides what the guest gets for one volume: a disk (a
-// block device, or the volume's disk.img) or a share (any other
-// directory).
-func prepareVolume(ctx context.Context, h *host, v volume, size int64, undo *rollback) (*vm.VolumeDisk, *vm.Share, error) {
+// block device, or the volume's disk.img, pinned at pin) or a share (any
+// other directory).
+func prepareVolume(ctx context.Context, h *host, v volume, size int64, pin string, undo *rollback) (*vm.VolumeDisk, *vm.Share, error) {
 	if v.kind == volDevice {
 		p, err := blockDeviceNode(v.major, v.minor)
 		if err != nil {
@@ -232,7 +237,7 @@ func prepareVolume(ctx context.Context, h *host, v volume, size int64, undo *rol
 	case err == nil && !ist.Mode().IsRegular():
 		return nil, nil, fmt.Errorf("volume %s: %s is a %s, not a disk image file: %w", v.dest, img, fileKind(ist.Mode()), errdefs.ErrInvalidArgument)
 	case err == nil:
-		d, err := volumeImage(ctx, h, v, img)
+		d, err := volumeImage(ctx, h, v, img, pin, undo)
 		return d, nil, err
 	case !errors.Is(err, fs.ErrNotExist):
 		return nil, nil, fmt.Errorf("volume %s: %w", v.dest, err)
@@ -240,24 +245,46 @@ func prepareVolume(ctx context.Context, h *host, v volume, size int64, undo *rol
 		if err := createDiskImage(h, v, img, size, undo); err != nil {
 			return nil, nil, err
 		}
-		d, err := volumeImage(ctx, h, v, img)
+		d, err := volumeImage(ctx, h, v, img, pin, undo)
 		return d, nil, err
 	}
 	return nil, &vm.Share{Source: v.source}, nil
 }
 
-// volumeImage checks a volume's disk.img as a containerDisk is checked
-// (format by content, no backing file, no external data file).
-func volumeImage(ctx context.Context, h *host, v volume, img string) (*vm.VolumeDisk, error) {
-	info, err := vm.ProbeImage(ctx, h.cfg.QEMUImg, img, v.dest+"/"+diskImageName)
+// volumeImage pins a volume's disk.img at pin (a bind mount of the file
+// opened without following links: whoever can write the volume, a guest
+// through a share included, cannot swap the checked file for a link to a
+// host file before QEMU opens it), then checks it as a containerDisk is
+// checked (format by content, no backing file, no external data file).
+func volumeImage(ctx context.Context, h *host, v volume, img, pin string, undo *rollback) (*vm.VolumeDisk, error) {
+	f, err := os.OpenFile(img, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, fmt.Errorf("volume %s: open %s: %v: %w", v.dest, diskImageName, err, errdefs.ErrInvalidArgument)
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("volume %s: %s is not a regular file (%v): %w", v.dest, img, err, errdefs.ErrInvalidArgument)
+	}
+	if err := os.MkdirAll(filepath.Dir(pin), 0o711); err != nil {
+		return nil, fmt.Errorf("volume %s: %w", v.dest, err)
+	}
+	mount := vm.BindFile
+	if v.readOnly {
+		mount = vm.MountReadOnly
+	}
+	if err := mount(f, pin); err != nil {
+		return nil, fmt.Errorf("volume %s: %w", v.dest, err)
+	}
+	undo.add(func() { _ = vm.Unmount(pin) })
+	info, err := vm.ProbeImage(ctx, h.cfg.QEMUImg, pin, v.dest+"/"+diskImageName)
 	if err != nil {
 		return nil, err
 	}
-	direct, err := vm.SupportsDirectIO(img)
+	direct, err := vm.SupportsDirectIO(pin)
 	if err != nil {
 		return nil, fmt.Errorf("volume %s: %w", v.dest, err)
 	}
-	return &vm.VolumeDisk{Path: img, Format: info.Format, HostCache: !direct}, nil
+	return &vm.VolumeDisk{Path: pin, Format: info.Format, HostCache: !direct}, nil
 }
 
 // createDiskImage makes the sparse raw disk.img the pod asked for on an

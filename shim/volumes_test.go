@@ -213,11 +213,18 @@ func TestCreateWithVolumes(t *testing.T) {
 	if len(d.Disks) != 3 { // the config drive and two volumes
 		t.Fatalf("disks %+v", d.Disks)
 	}
-	if disk := d.Disks[1]; disk.Source.File != filepath.Join(pvc, "disk.img") || disk.Driver.Type != "qcow2" || disk.Serial != "data" {
-		t.Errorf("/data disk %+v", disk)
-	}
-	if disk := d.Disks[2]; disk.Source.File != filepath.Join(fresh, "disk.img") || disk.Driver.Type != "raw" || disk.Serial != "fresh" {
-		t.Errorf("/fresh disk %+v", disk)
+	// QEMU opens each disk.img through a bind mount in the VM dir, which
+	// is the volume's very file.
+	for i, want := range []struct{ file, format, serial string }{
+		{filepath.Join(pvc, "disk.img"), "qcow2", "data"}, {filepath.Join(fresh, "disk.img"), "raw", "fresh"},
+	} {
+		disk := d.Disks[i+1]
+		pinned, err1 := os.Stat(disk.Source.File)
+		orig, err2 := os.Stat(want.file)
+		if err1 != nil || err2 != nil || !os.SameFile(pinned, orig) || !strings.HasPrefix(disk.Source.File, vt.rec.VMDir+"/") ||
+			disk.Driver.Type != want.format || disk.Serial != want.serial {
+			t.Errorf("disk %+v, want %s (%s, serial %s) bind-mounted under %s (%v, %v)", disk, want.file, want.format, want.serial, vt.rec.VMDir, err1, err2)
+		}
 	}
 	st, err := os.Stat(filepath.Join(fresh, "disk.img"))
 	if err != nil || st.Size() != 8<<20 {
@@ -251,8 +258,10 @@ func TestCreateWithVolumes(t *testing.T) {
 	if err := vt.delete(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(roDir); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("the read-only mount %s is still there: %v", roDir, err)
+	for _, p := range []string{roDir, d.Disks[1].Source.File} {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the mount %s is still there: %v", p, err)
+		}
 	}
 	for _, p := range []string{filepath.Join(pvc, "disk.img"), filepath.Join(fresh, "disk.img"), filepath.Join(cfgMap, "key")} {
 		if _, err := os.Stat(p); err != nil {
