@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -40,6 +41,11 @@ var plumbing = map[string]string{
 	"/dev/shm":             "the guest has its own /dev/shm",
 	"/dev/termination-log": "a VM writes no termination message; kubelet finds it empty",
 }
+
+// terminationMessage matches the file kubelet mounts at a container's
+// terminationMessagePath when the pod sets another path than
+// /dev/termination-log: <kubelet root>/pods/<uid>/containers/<name>/<id>.
+var terminationMessage = regexp.MustCompile(`/pods/[^/]+/containers/[^/]+/[^/]+$`)
 
 // volumeKind is what the OCI spec says a volume is; prepareVolumes looks
 // at the host to decide what the guest gets.
@@ -88,6 +94,9 @@ func classifyVolumes(ctx context.Context, spec *specs.Spec) ([]volume, error) {
 			continue
 		case ok:
 			skipped = append(skipped, m.Destination+" ("+why+")")
+			continue
+		case terminationMessage.MatchString(m.Source):
+			skipped = append(skipped, m.Destination+" ("+plumbing["/dev/termination-log"]+")")
 			continue
 		case seen[m.Destination]:
 			continue // the node of a raw block device, already a device

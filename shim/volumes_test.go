@@ -50,6 +50,8 @@ func TestClassifyVolumes(t *testing.T) {
 		{Destination: "/etc/app", Type: "bind", Source: "/k/configmap/app", Options: []string{"rbind", "rprivate", "ro"}},
 		{Destination: "/cache", Source: "/k/empty-dir/cache", Options: []string{"rbind", "rprivate", "rw"}},
 		{Destination: "/dev/xvda", Type: "bind", Source: "/k/plugins/dev/uid", Options: []string{"rbind"}},
+		// A terminationMessagePath other than /dev/termination-log.
+		{Destination: "/tmp/done", Type: "bind", Source: "/var/lib/kubelet/pods/uid-1/containers/vm/4f2a1b3c", Options: []string{"rbind", "rw"}},
 	}, []specs.LinuxDevice{{Path: "/dev/xvda", Type: "b", Major: 7, Minor: 3}})
 	// CRI writes a read-only device's rule with access "r".
 	spec.Linux.Devices = append(spec.Linux.Devices, specs.LinuxDevice{Path: "/dev/xvdb", Type: "b", Major: 7, Minor: 4})
