@@ -111,8 +111,11 @@ func goldenCases() map[string]Spec {
 	volumesNUMA.Shares = volumes.Shares
 	volumesNUMA.VirtiofsBinary = volumes.VirtiofsBinary
 
+	volumesCells := volumesNUMA
+	volumesCells.HugePageKiB = 0
+
 	return map[string]Spec{
-		"volumes": volumes, "volumes-hugepages-numa": volumesNUMA,
+		"volumes": volumes, "volumes-hugepages-numa": volumesNUMA, "volumes-numa-memfd": volumesCells,
 		"configdrive-vfat": vfat, "configdrive-iso": iso,
 		"tcg-disk": tcgDisk, "kvm-kernel": kvmKernel, "escaping": hostile,
 		"numa-node": node, "numa-dedicated": dedicated, "numa-spread": spread,

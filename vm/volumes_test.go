@@ -9,7 +9,8 @@ import (
 )
 
 // TestVolumesDefine has the host's libvirtd (9.0 here) define the volume
-// domains, every kind with memfd and with huge pages on guest NUMA cells:
+// domains, every kind with memfd, and with memfd or huge pages on guest
+// NUMA cells:
 // its own checks (virtiofs needs shared memory, a block disk's serial)
 // go beyond the schema. A share without shared memory is refused, which
 // is why configureShares sets it.
@@ -41,7 +42,7 @@ func TestVolumesDefine(t *testing.T) {
 		return c.Undefine(spec.Name)
 	}
 	cases := goldenCases()
-	for i, name := range []string{"volumes", "volumes-hugepages-numa"} {
+	for i, name := range []string{"volumes", "volumes-hugepages-numa", "volumes-numa-memfd"} {
 		if err := define(i, cases[name]); err != nil {
 			t.Errorf("libvirtd refuses %s: %v", name, err)
 		}
