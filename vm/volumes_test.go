@@ -47,6 +47,22 @@ func TestVolumesDefine(t *testing.T) {
 			t.Errorf("libvirtd refuses %s: %v", name, err)
 		}
 	}
+	// The most volumes a spec may have: libvirtd, which assigns PCI
+	// addresses at define (a root port each), finds room for all of them
+	// beside the config drive (and a NIC the shim adds later).
+	full := cases["volumes"]
+	full.VolumeDisks, full.Shares = nil, nil
+	full.ConfigDrive = &ConfigDrive{Path: "/c", Format: "vfat"}
+	for i := 0; i < MaxVolumeDisks; i++ {
+		full.VolumeDisks = append(full.VolumeDisks, VolumeDisk{Name: "/v", Path: fmt.Sprintf("/dev/loop%d", i), Block: true, Format: "raw", Serial: fmt.Sprint("d", i)})
+	}
+	for i := 0; i < MaxShares; i++ {
+		full.Shares = append(full.Shares, Share{Name: "/s", Source: "/tmp", Tag: fmt.Sprint("s", i)})
+	}
+	if err := define(9, full); err != nil {
+		t.Errorf("libvirtd refuses %d disk volumes and %d shares: %v", MaxVolumeDisks, MaxShares, err)
+	}
+
 	// The same share without shared memory, as a renderer that forgot it
 	// would write it: libvirt must refuse it.
 	spec := cases["volumes"]
