@@ -159,9 +159,11 @@ type guestVolumes struct {
 }
 
 // prepareVolumes turns each volume into a disk or a share, checking it on
-// the host. It creates disk.img files the pod asked for and read-only
-// bind mounts of read-only shares under vmDir/shares; their undo goes to
-// undo. sizes are from AnnotationDiskImages.
+// the host. It creates the disk.img files the pod asked for, bind mounts
+// of disk.img files under vmDir/volumes and read-only bind mounts of
+// read-only shares under vmDir/shares; their undo goes to undo (a
+// crashed shim's cleanup finds the mounts by readOnlyMounts). sizes are
+// from AnnotationDiskImages.
 func prepareVolumes(ctx context.Context, h *host, vols []volume, sizes map[string]int64, vmDir string, undo *rollback) (guestVolumes, error) {
 	var g guestVolumes
 	diskNames, shareNames := guestNames(vols, vm.MaxSerialLen), guestNames(vols, vm.MaxTagLen)
