@@ -47,6 +47,10 @@ func render(inst Instance, network *Network, opts Options, seed []byte) ([]file,
 	if err != nil {
 		return nil, fmt.Errorf("network: %w", err)
 	}
+	vl, vd, err := renderVolumes(inst.Volumes)
+	if err != nil {
+		return nil, err
+	}
 	var files []file
 	if network != nil {
 		gn, err := renderGuestNetwork(network)
@@ -60,11 +64,14 @@ func render(inst Instance, network *Network, opts Options, seed []byte) ([]file,
 		files = append(files,
 			file{dir + "meta_data.json", md},
 			file{dir + "network_data.json", nd},
-			file{dir + "vendor_data.json", []byte("{}\n")},
+			file{dir + "vendor_data.json", vd},
 		)
 		if len(opts.UserData) > 0 {
 			files = append(files, file{dir + "user_data", opts.UserData})
 		}
+	}
+	if len(inst.Volumes) > 0 {
+		files = append(files, file{VolumesFile, vl})
 	}
 	return files, nil
 }
@@ -141,11 +148,16 @@ func Build(ctx context.Context, dir, out string, inst Instance, network *Network
 		if err := run(ctx, env, "mkfs.vfat", "-n", Label, "-i", volumeID(inst.UUID), tmpName); err != nil {
 			return err
 		}
-		srcs := []string{filepath.Join(tree, "openstack")}
-		if network != nil {
-			srcs = append(srcs, filepath.Join(tree, filepath.Dir(GuestNetworkFile)))
+		// Every top-level directory (openstack/, and kvm/ with volumes).
+		tops, err := os.ReadDir(tree)
+		if err != nil {
+			return err
 		}
-		if err := run(ctx, env, "mcopy", append([]string{"-s", "-Q", "-i", tmpName}, append(srcs, "::/")...)...); err != nil {
+		args := []string{"-s", "-Q", "-i", tmpName}
+		for _, e := range tops {
+			args = append(args, filepath.Join(tree, e.Name()))
+		}
+		if err := run(ctx, env, "mcopy", append(args, "::/")...); err != nil {
 			return err
 		}
 	case FormatISO9660:

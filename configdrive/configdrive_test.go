@@ -33,6 +33,7 @@ func testInstance() Instance {
 		Name:             "web-0",
 		AvailabilityZone: "zone-a",
 		InstanceType:     "2c-1g",
+		Volumes:          testVolumes(),
 	}
 }
 
@@ -261,7 +262,8 @@ func TestRenderLayout(t *testing.T) {
 		paths = append(paths, f.path)
 	}
 	want := "kvm/network openstack/2018-08-27/meta_data.json openstack/2018-08-27/network_data.json openstack/2018-08-27/vendor_data.json openstack/2018-08-27/user_data " +
-		"openstack/latest/meta_data.json openstack/latest/network_data.json openstack/latest/vendor_data.json openstack/latest/user_data"
+		"openstack/latest/meta_data.json openstack/latest/network_data.json openstack/latest/vendor_data.json openstack/latest/user_data " +
+		"kvm/volumes"
 	if got := strings.Join(paths, " "); got != want {
 		t.Errorf("files = %s\nwant    %s", got, want)
 	}

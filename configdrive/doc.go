@@ -14,6 +14,11 @@
 //	openstack/2018-08-27/user_data          (only when user-data was given)
 //	openstack/latest/...                    (the same four files)
 //	kvm/network                             (only with a network: GuestNetworkFile)
+//	kvm/volumes                             (only with volumes, see VolumesFile)
+//
+// vendor_data.json is {} unless the pod has shared volumes: then its
+// "cloud-init" key holds a cloud-config whose bootcmd mounts each virtiofs
+// share at its container path.
 //
 // FormatVFAT (the default, and the one Windows needs) is a 64 MiB sparse
 // FAT image made like nova makes it: `mkfs.vfat -n config-2` then

@@ -26,6 +26,9 @@ type Instance struct {
 	InstanceType string
 	// LaunchIndex is meta_data.json "launch_index".
 	LaunchIndex int
+	// Volumes are the pod's volumes (VolumesFile); shares are also
+	// mounted by cloud-init through vendor_data.json.
+	Volumes []Volume
 }
 
 // uuidNamespace is the name-based UUID namespace of StableUUID.

@@ -25,6 +25,8 @@ type badInput struct {
 	want        []string // substrings of the error
 	// criCode, when set, is the gRPC code CRI must return.
 	criCode codes.Code
+	// config, when set, changes the container's CRI config (volumes).
+	config func(t *testing.T, cfg *cri.ContainerConfig)
 }
 
 var badInputs = []badInput{
@@ -226,7 +228,11 @@ func TestCtrNoTun(t *testing.T) {
 // CreateContainer, so the error may come from either call; the first error
 // must name the problem.
 func TestCRIBadInput(t *testing.T) {
-	for _, tc := range badInputs {
+	runCRIBadInputs(t, badInputs)
+}
+
+func runCRIBadInputs(t *testing.T, cases []badInput) {
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			s := requireKVM(t, tc.image, "pause")
 			s.forEachFlavour(t, func(t *testing.T, c *containerd) {
@@ -234,7 +240,11 @@ func TestCRIBadInput(t *testing.T) {
 				cl := c.cri(t)
 				p := c.runPod(t, cl, "bad-"+tc.name, "kvm", nil)
 				ids := []shimID{{nsCRI, p.id}}
-				cid, err := cl.createContainer(p, containerConfig("vm", s.images[tc.image].ref, tc.annotations))
+				cfg := containerConfig("vm", s.images[tc.image].ref, tc.annotations)
+				if tc.config != nil {
+					tc.config(t, cfg)
+				}
+				cid, err := cl.createContainer(p, cfg)
 				call := "CreateContainer"
 				if err == nil {
 					ids = append(ids, shimID{nsCRI, cid})

@@ -24,7 +24,9 @@ const cloudBootTimeout = 10 * time.Minute
 // TestCRICloudInit boots an unchanged Debian cloud image (its own
 // bootloader, cloud-init with the ConfigDrive datasource) as a pod and
 // checks from the host that cloud-init applied the hostname, the SSH key,
-// the pod network and ran the user-data script. It runs on one flavour:
+// the pod network, mounted the pod's shared volumes at their container
+// paths (read-only where they are) and ran the user-data script; a raw
+// block volume is at /dev/disk/by-id/virtio-<serial>. It runs on one flavour:
 // the config drive does not depend on containerd's version, and the boot
 // takes minutes under TCG.
 func TestCRICloudInit(t *testing.T) {
@@ -44,7 +46,13 @@ func TestCRICloudInit(t *testing.T) {
 			"kvm.containerd.io/ssh-authorized-keys": key,
 		})
 		pn := cl.podNetwork(t, p)
-		v := cl.startCloudVM(t, p, s.images["cloud"].ref)
+		cfg := containerConfig("vm", s.images["cloud"].ref, nil)
+		cfg.Linux.Resources.MemoryLimitInBytes = 1 << 30
+		cm, cache := configMapDir(hostVolumeDir(t, "config")), hostVolumeDir(t, "cache")
+		cm.write(t, "v1", map[string]string{"kvm-guest-read": "hello-cloud"})
+		cfg.Mounts = []*cri.Mount{{ContainerPath: "/etc/app", HostPath: string(cm), Readonly: true}, {ContainerPath: "/cache", HostPath: cache}}
+		cfg.Devices = []*cri.Device{{ContainerPath: "/dev/xvda", HostPath: loopDevice(t, 8<<20, ""), Permissions: "rwm"}}
+		v := cl.startContainerIn(t, p, cfg)
 		cid := v.cid
 		t.Cleanup(func() {
 			if t.Failed() {
@@ -74,6 +82,23 @@ func TestCRICloudInit(t *testing.T) {
 			if w != "" && !contains(vals, w) {
 				t.Errorf("%s = %q, want %q", k, vals, w)
 			}
+		}
+		for k, w := range map[string]string{
+			"KVM-CLOUD-SHARE": "etc-app /etc/app virtiofs ro",
+			"KVM-CLOUD-FILE":  "/etc/app/kvm-guest-read hello-cloud",
+		} {
+			if !contains(got[k], w) {
+				t.Errorf("%s = %q, want %q", k, got[k], w)
+			}
+		}
+		if !contains(got["KVM-CLOUD-SHARE"], "cache /cache virtiofs rw") {
+			t.Errorf("KVM-CLOUD-SHARE = %q, want the emptyDir writable at /cache", got["KVM-CLOUD-SHARE"])
+		}
+		if b, err := os.ReadFile(filepath.Join(cache, ".kvm-cloud-wrote")); err != nil || string(b) != "cloud\n" {
+			t.Errorf("the guest's file in the emptyDir: %q, %v", b, err)
+		}
+		if !containsPrefix(got["KVM-CLOUD-DISK"], "dev-xvda /dev/vd") {
+			t.Errorf("KVM-CLOUD-DISK = %q, want the block volume under its serial", got["KVM-CLOUD-DISK"])
 		}
 		if addrs := got["KVM-CLOUD-ADDR"]; !containsPrefix(addrs, pn.ip+"/") {
 			t.Errorf("guest addresses %q lack the pod IP %s", addrs, pn.ip)
@@ -125,16 +150,7 @@ func (cl *criClient) startCloudVM(t *testing.T, p *pod, ref string) *podContaine
 	t.Helper()
 	cfg := containerConfig("vm", ref, nil)
 	cfg.Linux.Resources.MemoryLimitInBytes = 1 << 30
-	cid, err := cl.createContainer(p, cfg)
-	if err != nil {
-		t.Fatalf("CreateContainer: %v", err)
-	}
-	ctx, cancel := criCtx()
-	defer cancel()
-	if _, err := cl.Runtime.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: cid}); err != nil {
-		t.Fatalf("StartContainer: %v", err)
-	}
-	return &podContainer{pod: p, cid: cid, logPath: filepath.Join(p.logDir, cfg.LogPath)}
+	return cl.startContainerIn(t, p, cfg)
 }
 
 // cloudConsole collects the KVM-CLOUD-* lines of the CRI log: key → values.

@@ -88,6 +88,12 @@ func Check(ctx context.Context, w io.Writer, args []string) int {
 		add(checkOK, tool.name, "%s", strings.SplitN(strings.TrimSpace(string(out)), "\n", 2)[0])
 	}
 
+	if out, err := exec.CommandContext(ctx, cfg.Virtiofsd, "--version").Output(); err != nil {
+		add(checkWarn, "virtiofsd", "%s: %v (pods with shared volumes will fail)", cfg.Virtiofsd, err)
+	} else {
+		add(checkOK, "virtiofsd", "%s", strings.SplitN(strings.TrimSpace(string(out)), "\n", 2)[0])
+	}
+
 	if vnetHdr, mq, err := netfd.Features(); err != nil {
 		add(checkFail, "tun", "/dev/net/tun: %v (needed for pod networking)", err)
 	} else if !vnetHdr || !mq {

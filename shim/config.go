@@ -42,6 +42,9 @@ type Config struct {
 	QEMUUser string `toml:"qemu_user"`
 	// QEMUImg creates overlays and probes images.
 	QEMUImg string `toml:"qemu_img"`
+	// Virtiofsd serves each shared volume to its VM (libvirt starts one
+	// per share; Debian's lives outside libvirt's default path).
+	Virtiofsd string `toml:"virtiofsd"`
 	// Machine is the QEMU machine type.
 	Machine string `toml:"machine"`
 	// DefaultVCPUs and DefaultMemoryMiB size a VM whose spec sets no limits.
@@ -94,6 +97,7 @@ func DefaultConfig() Config {
 		QEMUWrapper:       "/usr/local/libexec/containerd-shim-kvm-v1/kvm-qemu-wrapper",
 		QEMUUser:          "libvirt-qemu",
 		QEMUImg:           "/usr/bin/qemu-img",
+		Virtiofsd:         "/usr/lib/qemu/virtiofsd",
 		Machine:           "q35",
 		DefaultVCPUs:      1,
 		DefaultMemoryMiB:  512,
@@ -163,6 +167,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("max_net_queues = %d: must be between 1 and 16", c.MaxNetQueues)
 	case !filepath.IsAbs(c.QEMUImg):
 		return fmt.Errorf("qemu_img = %q: must be an absolute path", c.QEMUImg)
+	case !filepath.IsAbs(c.Virtiofsd):
+		return fmt.Errorf("virtiofsd = %q: must be an absolute path", c.Virtiofsd)
 	case c.MaxVCPUs < 1:
 		return fmt.Errorf("max_vcpus = %d: must be at least 1", c.MaxVCPUs)
 	case c.MaxMemoryMiB < minMemoryMiB:

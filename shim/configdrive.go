@@ -44,9 +44,9 @@ func driveNetwork(pn netfd.PodNetwork, dns []netip.Addr, search []string) (*conf
 
 // planConfigDrive checks the drive's settings and returns where the VM's
 // OpenStack config drive (label config-2) goes in its runtime dir, and the
-// function that writes it. It is rebuilt on every create, so it always says
+// function that writes it; volumes are listed on it. It is rebuilt on every create, so it always says
 // what the pod is now.
-func planConfigDrive(ctx context.Context, h *host, ident vmIdentity, vmDir string, network *configdrive.Network, opts configdrive.Options) (*vm.ConfigDrive, func() error, error) {
+func planConfigDrive(ctx context.Context, h *host, ident vmIdentity, vmDir string, network *configdrive.Network, volumes []configdrive.Volume, opts configdrive.Options) (*vm.ConfigDrive, func() error, error) {
 	format, err := configdrive.ParseFormat(string(opts.Format))
 	if err != nil {
 		return nil, nil, err
@@ -84,6 +84,7 @@ func planConfigDrive(ctx context.Context, h *host, ident vmIdentity, vmDir strin
 		Hostname:         configdrive.SanitizeHostname(name),
 		Name:             name,
 		AvailabilityZone: h.cfg.AvailabilityZone,
+		Volumes:          volumes,
 	}
 	build := func() error {
 		start := time.Now()

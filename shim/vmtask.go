@@ -118,6 +118,14 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	if err != nil {
 		return nil, err
 	}
+	vols, err := classifyVolumes(ctx, r.spec)
+	if err != nil {
+		return nil, err
+	}
+	diskSizes, err := diskImageSizes(r.spec)
+	if err != nil {
+		return nil, err
+	}
 	ph.mark("checks")
 	name := ident.DomainName()
 	if err := takeOverDomainName(h.conn, name, ident.ContainerID); err != nil {
@@ -217,6 +225,12 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		log.G(ctx).WithField("vm", name).Info("VM spans NUMA nodes: no vCPUs can be added live")
 		spec.MaxVCPUs, set.maxVCPUs = 0, set.vcpus
 	}
+	gv, err := prepareVolumes(ctx, h, vols, diskSizes, vmDir, &undo)
+	if err != nil {
+		return nil, err
+	}
+	spec.VolumeDisks, spec.Shares, spec.VirtiofsBinary = gv.disks, gv.shares, h.cfg.Virtiofsd
+	ph.mark("volumes")
 	var fdServer *netfd.Server
 	var guestNet *configdrive.Network
 	if r.netns != "" {
@@ -256,7 +270,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	waitDrive := func() error { return nil }
 	defer func() { _ = waitDrive() }()
 	if !set.drive.Disabled {
-		cd, build, err := planConfigDrive(ctx, h, ident, vmDir, guestNet, set.drive)
+		cd, build, err := planConfigDrive(ctx, h, ident, vmDir, guestNet, gv.list, set.drive)
 		if err != nil {
 			return nil, err
 		}
@@ -416,7 +430,9 @@ func exposeFromRootfs(rootfs, p, dst string, undo *rollback) error {
 // readOnlyMounts lists the places in vmDir that may be bind mounts.
 func readOnlyMounts(vmDir string) []string {
 	bases, _ := filepath.Glob(filepath.Join(vmDir, "base.*"))
-	return append(bases, filepath.Join(vmDir, kernelFile), filepath.Join(vmDir, initrdFile))
+	shares, _ := filepath.Glob(filepath.Join(vmDir, sharesDir, "*"))
+	disks, _ := filepath.Glob(filepath.Join(vmDir, volumesDir, "*"))
+	return append(append(append(bases, shares...), disks...), filepath.Join(vmDir, kernelFile), filepath.Join(vmDir, initrdFile))
 }
 
 func (t *vmTask) start(ctx context.Context) (int, error) {

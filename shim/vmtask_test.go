@@ -82,10 +82,16 @@ func (f *vmFixture) kernelRootfs() {
 }
 
 func (f *vmFixture) create(ann map[string]string) (*vmTask, error) {
+	return f.createSpec(&specs.Spec{Annotations: ann})
+}
+
+func (f *vmFixture) createSpec(spec *specs.Spec) (*vmTask, error) {
 	f.host.conn = f.fake
-	spec := &specs.Spec{Annotations: ann}
 	if f.cgroupsPath != "" {
-		spec.Linux = &specs.Linux{CgroupsPath: f.cgroupsPath}
+		if spec.Linux == nil {
+			spec.Linux = &specs.Linux{}
+		}
+		spec.Linux.CgroupsPath = f.cgroupsPath
 	}
 	if spec.Annotations == nil {
 		spec.Annotations = map[string]string{}

@@ -30,20 +30,27 @@ type ImageInfo struct {
 // never chowned, relabelled or written: on overlayfs any metadata change
 // would copy the whole image up.
 func MountReadOnly(f *os.File, target string) (retErr error) {
+	if err := BindFile(f, target); err != nil {
+		return err
+	}
+	if err := unix.Mount("", target, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
+		_ = Unmount(target)
+		return fmt.Errorf("make %s read-only: %w", target, err)
+	}
+	return nil
+}
+
+// BindFile bind-mounts the already opened file f onto target (created as
+// an empty file): target is that very file, whatever later happens to the
+// path f was opened by.
+func BindFile(f *os.File, target string) error {
 	if err := os.WriteFile(target, nil, 0o600); err != nil {
 		return fmt.Errorf("create mount point %s: %w", target, err)
 	}
-	defer func() {
-		if retErr != nil {
-			_ = Unmount(target)
-		}
-	}()
 	src := fmt.Sprintf("/proc/self/fd/%d", f.Fd())
 	if err := unix.Mount(src, target, "", unix.MS_BIND, ""); err != nil {
+		_ = Unmount(target)
 		return fmt.Errorf("bind-mount %s on %s: %w", f.Name(), target, err)
-	}
-	if err := unix.Mount("", target, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
-		return fmt.Errorf("make %s read-only: %w", target, err)
 	}
 	return nil
 }

@@ -53,7 +53,17 @@ type vcpuXML struct {
 }
 
 type memoryBackingXML struct {
-	HugePages hugePagesXML `xml:"hugepages"`
+	HugePages *hugePagesXML    `xml:"hugepages,omitempty"`
+	Source    *memorySourceXML `xml:"source,omitempty"`
+	Access    *memoryAccessXML `xml:"access,omitempty"`
+}
+
+type memorySourceXML struct {
+	Type string `xml:"type,attr"`
+}
+
+type memoryAccessXML struct {
+	Mode string `xml:"mode,attr"`
 }
 
 type hugePagesXML struct {
@@ -147,6 +157,7 @@ type devicesXML struct {
 	Emulator    string          `xml:"emulator"`
 	Disks       []diskXML       `xml:"disk"`
 	Controllers []controllerXML `xml:"controller"`
+	Filesystems []filesystemXML `xml:"filesystem"`
 	Serials     []serialXML     `xml:"serial"`
 	Channels    []channelXML    `xml:"channel"`
 	RNGs        []rngXML        `xml:"rng"`
@@ -159,17 +170,21 @@ type diskXML struct {
 	Driver   diskDriverXML `xml:"driver"`
 	Source   diskSourceXML `xml:"source"`
 	Target   diskTargetXML `xml:"target"`
+	Serial   string        `xml:"serial,omitempty"`
 	ReadOnly *struct{}     `xml:"readonly,omitempty"`
 }
 
 type diskDriverXML struct {
 	Name    string `xml:"name,attr"`
 	Type    string `xml:"type,attr"`
+	Cache   string `xml:"cache,attr,omitempty"`
+	IO      string `xml:"io,attr,omitempty"`
 	Discard string `xml:"discard,attr,omitempty"`
 }
 
 type diskSourceXML struct {
-	File string `xml:"file,attr"`
+	File string `xml:"file,attr,omitempty"`
+	Dev  string `xml:"dev,attr,omitempty"`
 }
 
 type diskTargetXML struct {
@@ -235,4 +250,29 @@ type rngBackendXML struct {
 
 type memBalloonXML struct {
 	Model string `xml:"model,attr"`
+}
+
+type filesystemXML struct {
+	Type       string      `xml:"type,attr"`
+	AccessMode string      `xml:"accessmode,attr"`
+	Driver     fsDriverXML `xml:"driver"`
+	Binary     fsBinaryXML `xml:"binary"`
+	Source     fsSourceXML `xml:"source"`
+	Target     fsTargetXML `xml:"target"`
+}
+
+type fsDriverXML struct {
+	Type string `xml:"type,attr"`
+}
+
+type fsBinaryXML struct {
+	Path string `xml:"path,attr"`
+}
+
+type fsSourceXML struct {
+	Dir string `xml:"dir,attr"`
+}
+
+type fsTargetXML struct {
+	Dir string `xml:"dir,attr"`
 }

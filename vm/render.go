@@ -21,6 +21,8 @@ var configurators = []configurator{
 	configureBoot,
 	configureDisk,
 	configureConfigDrive,
+	configureVolumeDisks,
+	configureShares,
 	configureConsole,
 	configureAgentChannel,
 	configureDevices,
@@ -79,7 +81,7 @@ func configurePlatform(s *Spec, d *domainXML) {
 // pages when asked.
 func configurePinning(s *Spec, d *domainXML) {
 	if s.HugePageKiB > 0 {
-		d.MemoryBacking = &memoryBackingXML{HugePages: hugePagesXML{Page: pageXML{Size: s.HugePageKiB, Unit: "KiB"}}}
+		d.MemoryBacking = &memoryBackingXML{HugePages: &hugePagesXML{Page: pageXML{Size: s.HugePageKiB, Unit: "KiB"}}}
 	}
 	p := s.Pinning
 	if p == nil {

@@ -94,7 +94,32 @@ func goldenCases() map[string]Spec {
 	iso.Kernel = &Kernel{Path: "/k"}
 	iso.ConfigDrive = &ConfigDrive{Path: "/var/lib/containerd-shim-kvm-v1/vms/x/config-2.iso", Format: "iso9660"}
 
+	// Every volume kind; the same volumes with huge pages and guest NUMA
+	// cells (shares then need only shared access to the huge pages).
+	volumes := baseSpec()
+	volumes.Kernel = &Kernel{Path: "/k"}
+	volumes.VolumeDisks = []VolumeDisk{
+		{Name: "/dev/xvda", Path: "/dev/loop7", Block: true, Format: "raw", Serial: "dev-xvda"},
+		{Name: "/dev/xvdb", Path: "/dev/sdc", Block: true, Format: "raw", Serial: "dev-xvdb", ReadOnly: true},
+		{Name: "/data", Path: "/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~csi/pvc-1/mount/disk.img", Format: "qcow2", Serial: "data"},
+		{Name: "/scratch", Path: "/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~empty-dir/s/disk.img", Format: "raw", Serial: "scratch", HostCache: true},
+	}
+	volumes.VirtiofsBinary = "/usr/lib/qemu/virtiofsd"
+	volumes.Shares = []Share{
+		{Name: "/etc/app", Source: "/var/lib/containerd-shim-kvm-v1/vms/x/shares/0", Tag: "etc-app"},
+		{Name: "/cache", Source: "/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~empty-dir/cache", Tag: "cache"},
+	}
+	volumesNUMA := spread
+	volumesNUMA.HugePageKiB = 2048
+	volumesNUMA.VolumeDisks = volumes.VolumeDisks[:1]
+	volumesNUMA.Shares = volumes.Shares
+	volumesNUMA.VirtiofsBinary = volumes.VirtiofsBinary
+
+	volumesCells := volumesNUMA
+	volumesCells.HugePageKiB = 0
+
 	return map[string]Spec{
+		"volumes": volumes, "volumes-hugepages-numa": volumesNUMA, "volumes-numa-memfd": volumesCells,
 		"configdrive-vfat": vfat, "configdrive-iso": iso,
 		"tcg-disk": tcgDisk, "kvm-kernel": kvmKernel, "escaping": hostile,
 		"numa-node": node, "numa-dedicated": dedicated, "numa-spread": spread,
@@ -188,6 +213,45 @@ func TestValidateRejects(t *testing.T) {
 			s.Disk = &Disk{Path: "/d", Format: "raw"}
 			s.Pinning = &Pinning{VCPUPins: [][]int{{3}}}
 			s.MaxVCPUs = 2
+		},
+		"block qcow2": func(s *Spec) {
+			s.Kernel = &Kernel{Path: "/k"}
+			s.VolumeDisks = []VolumeDisk{{Name: "/v", Path: "/dev/sdb", Block: true, Format: "qcow2", Serial: "v"}}
+		},
+		"serial too long": func(s *Spec) {
+			s.Kernel = &Kernel{Path: "/k"}
+			s.VolumeDisks = []VolumeDisk{{Name: "/v", Path: "/dev/sdb", Block: true, Format: "raw", Serial: "abcdefghijklmnopqrstu"}}
+		},
+		"serial with a space": func(s *Spec) {
+			s.Kernel = &Kernel{Path: "/k"}
+			s.VolumeDisks = []VolumeDisk{{Name: "/v", Path: "/dev/sdb", Block: true, Format: "raw", Serial: "a b"}}
+		},
+		"same serial twice": func(s *Spec) {
+			s.Kernel = &Kernel{Path: "/k"}
+			d := VolumeDisk{Name: "/v", Path: "/dev/sdb", Block: true, Format: "raw", Serial: "v"}
+			s.VolumeDisks = []VolumeDisk{d, d}
+		},
+		"too many disks": func(s *Spec) {
+			s.Kernel = &Kernel{Path: "/k"}
+			for i := 0; i <= MaxVolumeDisks; i++ {
+				s.VolumeDisks = append(s.VolumeDisks, VolumeDisk{Name: "/v", Path: "/d", Format: "raw", Serial: fmt.Sprint("s", i)})
+			}
+		},
+		"too many shares": func(s *Spec) {
+			s.Kernel = &Kernel{Path: "/k"}
+			s.VirtiofsBinary = "/v"
+			for i := 0; i <= MaxShares; i++ {
+				s.Shares = append(s.Shares, Share{Name: "/v", Source: "/s", Tag: fmt.Sprint("t", i)})
+			}
+		},
+		"share without virtiofsd": func(s *Spec) {
+			s.Kernel = &Kernel{Path: "/k"}
+			s.Shares = []Share{{Name: "/v", Source: "/s", Tag: "t"}}
+		},
+		"tag too long": func(s *Spec) {
+			s.Kernel = &Kernel{Path: "/k"}
+			s.VirtiofsBinary = "/v"
+			s.Shares = []Share{{Name: "/v", Source: "/s", Tag: strings.Repeat("t", MaxTagLen+1)}}
 		},
 	}
 	for name, mutate := range cases {

@@ -44,6 +44,11 @@ type Spec struct {
 
 	// MaxVCPUs is how many vCPUs the VM may grow to live (0: VCPUs).
 	MaxVCPUs int
+	// VolumeDisks and Shares are the pod's volumes (see volumes.go);
+	// VirtiofsBinary is the virtiofsd libvirt starts for each share.
+	VolumeDisks    []VolumeDisk
+	Shares         []Share
+	VirtiofsBinary string
 }
 
 // Pinning is where a VM's vCPUs, emulator threads and memory may run.
@@ -138,5 +143,5 @@ func (s *Spec) Validate() error {
 	case s.Pinning != nil && len(s.Pinning.VCPUPins) > 0 && len(s.Pinning.VCPUPins) != s.VCPUs:
 		return fmt.Errorf("%d vCPU pins for %d vCPUs", len(s.Pinning.VCPUPins), s.VCPUs)
 	}
-	return nil
+	return s.validateVolumes()
 }

@@ -31,5 +31,21 @@ done
 grep -v '^#' /home/debian/.ssh/authorized_keys 2>/dev/null | while read -r k; do
 	say "SSHKEY $k"
 done
+# The pod's volumes as the config drive lists them (kvm/volumes, see
+# configdrive.VolumesFile): each share where vendor-data's bootcmd mounted
+# it (a writable one gets a .kvm-cloud-wrote file), each disk by serial.
+mkdir -p /run/kvm-config
+if mount -o ro LABEL=config-2 /run/kvm-config 2>/dev/null; then
+	[ -r /run/kvm-config/kvm/volumes ] && while read -r kind name mode path; do
+		if [ "$kind" = share ]; then
+			say "SHARE $name $path $(findmnt -n -o FSTYPE,OPTIONS --mountpoint "$path" | awk '{split($2, o, ","); print $1, o[1]}')"
+			[ "$mode" = rw ] && echo cloud >"$path/.kvm-cloud-wrote"
+			[ -r "$path/kvm-guest-read" ] && say "FILE $path/kvm-guest-read $(head -n 1 "$path/kvm-guest-read")"
+		else
+			say "DISK $name $(readlink -f "/dev/disk/by-id/virtio-$name")"
+		fi
+	done </run/kvm-config/kvm/volumes
+	umount /run/kvm-config
+fi
 say "UPTIME $(cut -d' ' -f1 /proc/uptime)"
 say "DONE"
