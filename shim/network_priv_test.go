@@ -74,7 +74,12 @@ func TestSetupNetworkTwoInterfaces(t *testing.T) {
 	var recorded *vmNetwork
 	var undo rollback
 	pn, srv, err := setupNetwork(context.Background(), h, netns, nil, "dom-two", "0123456789abcdef", 4,
-		func(n *vmNetwork) error { c := *n; c.Links = append([]wiredLink(nil), n.Links...); recorded = &c; return nil }, &undo)
+		func(n *vmNetwork) error {
+			c := *n
+			c.Links = append([]wiredLink(nil), n.Links...)
+			recorded = &c
+			return nil
+		}, &undo)
 	if err != nil {
 		t.Fatal(err)
 	}
