@@ -169,9 +169,6 @@ func (a *Agent) call(execute string, args, ret any) error {
 	if err != nil {
 		return mapAgentError(err, a.domain)
 	}
-	if ret == nil {
-		return nil
-	}
 	reply := struct {
 		Return json.RawMessage `json:"return"`
 	}{}
@@ -193,11 +190,6 @@ func (a *Agent) setTimeout() {
 	if !a.timeoutSet {
 		a.timeoutSet = a.c.SetAgentTimeout(a.domain, AgentSyncTimeout) == nil
 	}
-}
-
-// Ping checks that an agent answers.
-func (a *Agent) Ping() error {
-	return a.call("guest-ping", nil, nil)
 }
 
 // Command is a process to run in the guest. Path is looked up in the

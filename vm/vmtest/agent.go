@@ -98,7 +98,7 @@ func (g *FakeGuest) SetAgentTimeout(string, time.Duration) error {
 	return nil
 }
 
-// AgentCommand answers guest-ping, guest-exec and guest-exec-status. A
+// AgentCommand answers guest-exec and guest-exec-status. A
 // "kill -N PID" ends PID with signal N.
 func (g *FakeGuest) AgentCommand(domain string, cmd []byte, _ time.Duration) ([]byte, error) {
 	g.mu.Lock()
@@ -117,8 +117,6 @@ func (g *FakeGuest) AgentCommand(domain string, cmd []byte, _ time.Duration) ([]
 		return nil, libvirt.Error{Code: uint32(libvirt.ErrInternalError), Message: "internal error: unable to execute QEMU agent command '" + req.Execute + "': " + msg}
 	}
 	switch req.Execute {
-	case "guest-ping":
-		return []byte(`{"return":{}}`), nil
 	case "guest-exec":
 		var a ExecArgs
 		if err := json.Unmarshal(req.Arguments, &a); err != nil {
