@@ -423,3 +423,46 @@ func testDaemonRestarts(t *testing.T, e *env) {
 	}
 	waitEcho(t, addr, "after-kubelet", shortTimeout)
 }
+
+// kubectl exec runs a command in the guest through the QEMU guest agent:
+// its output, its exit code and its stdin reach the user, and an exec
+// readiness probe keeps the pod unready until its command succeeds.
+func testExec(t *testing.T, e *env) {
+	o := podOpts{name: "vm-exec", image: kernelImage, vm: true, execProbe: []string{"cat", "/run/e2e-ready"}}
+	e.apply(t, pod(o))
+	defer e.deletePod(t, o.name)
+	e.waitPod(t, o.name, bootTimeout, "Running", (*podStatus).running)
+	e.startStream(t, false, "logs", "-f", o.name).waitFor(t, agentLine, bootTimeout)
+
+	ctx, cancel := context.WithTimeout(context.Background(), shortTimeout)
+	defer cancel()
+	// The agent starts with the guest; retry the first exec until it answers.
+	var uname string
+	if err := testenv.Poll(ctx, 500*time.Millisecond, func() (bool, string) {
+		out, err := e.cluster.Kubectl(ctx, nil, "exec", o.name, "--", "uname", "-s")
+		uname = strings.TrimSpace(out)
+		return err == nil && uname == "Linux", fmt.Sprintf("%q %v", out, err)
+	}); err != nil {
+		t.Fatalf("kubectl exec %s -- uname -s: %v", o.name, err)
+	}
+	// The probe's file does not exist yet: not Ready.
+	time.Sleep(3 * time.Second)
+	if p, err := e.getPod(o.name); err != nil || p.ready() {
+		t.Fatalf("exec probe failing: %v %v, want not Ready", p, err)
+	}
+	e.kubectl(t, "exec", o.name, "--", "touch", "/run/e2e-ready")
+	e.waitPod(t, o.name, shortTimeout, "Ready once the exec probe succeeds", func(p *podStatus) bool { return p.ready() })
+
+	if out, err := e.cluster.Kubectl(ctx, []byte("through-stdin\n"), "exec", "-i", o.name, "--", "cat"); err != nil || out != "through-stdin\n" {
+		t.Errorf("kubectl exec -i -- cat with stdin: %q, %v", out, err)
+	}
+	// The guest's shell computes the markers, so the command line in an
+	// error message does not contain them.
+	out, err := e.cluster.Kubectl(ctx, nil, "exec", o.name, "--", "sh", "-c", "echo OUT-$((6*7)); echo ERR-$((6*7)) >&2; exit 3")
+	if err == nil || !strings.Contains(err.Error(), "exit status 3") || out != "OUT-42\n" || !strings.Contains(err.Error(), "ERR-42") {
+		t.Errorf("kubectl exec of a command that exits 3: stdout %q, %v; want stdout OUT-42, stderr ERR-42 and exit status 3", out, err)
+	}
+	if _, err := e.cluster.Kubectl(ctx, nil, "exec", o.name, "--", "no-such-command"); err == nil || !strings.Contains(err.Error(), "exit status 127") {
+		t.Errorf("kubectl exec of a missing command: %v, want exit status 127", err)
+	}
+}

@@ -33,6 +33,7 @@ const (
 	readyLine    = "KVM-GUEST-READY"
 	poweroffLine = "KVM-GUEST-POWEROFF"
 	netLine      = "KVM-GUEST-NET "
+	agentLine    = "KVM-GUEST-AGENT /dev/" // the guest agent runs on its port
 )
 
 // echoPort is where the test guest echoes TCP (hack/guest/init).

@@ -169,6 +169,7 @@ func TestKubernetes(t *testing.T) {
 				{"Stats", testStats},
 				{"DeletePowersOff", testDelete},
 				{"CleanRunLogs", testCleanRunLogs},
+				{"ExecAndExecProbe", testExec},
 				{"VirshDestroyRestartsOnSameDisk", testVirshDestroy},
 				{"ContainerdAndKubeletRestart", testDaemonRestarts},
 			}

@@ -18,14 +18,17 @@ func runtimeClass() obj {
 // podOpts describe a pod of the tests: one container called "main" for a
 // runc pod, "vm" for a VM pod.
 type podOpts struct {
-	name   string
-	image  string
-	vm     bool   // runtimeClassName kvm
-	stdin  bool   // for kubectl attach -i
-	probe  int    // tcpSocket readiness probe port; 0 for none
-	labels obj    // pod labels; app=<name> when nil
-	grace  int    // terminationGracePeriodSeconds; 0 means 30
-	memory string // memory limit; "" means 256Mi
+	name  string
+	image string
+	vm    bool // runtimeClassName kvm
+	stdin bool // for kubectl attach -i
+	probe int  // tcpSocket readiness probe port; 0 for none
+	// execProbe is an exec readiness probe's command (run in the guest
+	// through the QEMU guest agent); nil for none.
+	execProbe []string
+	labels    obj    // pod labels; app=<name> when nil
+	grace     int    // terminationGracePeriodSeconds; 0 means 30
+	memory    string // memory limit; "" means 256Mi
 }
 
 func (o podOpts) container() string {
@@ -61,6 +64,13 @@ func podSpec(o podOpts) obj {
 		c["readinessProbe"] = obj{
 			"tcpSocket":     obj{"port": o.probe},
 			"periodSeconds": 1, "timeoutSeconds": 1, "failureThreshold": 1,
+		}
+	}
+	if o.execProbe != nil {
+		// Under TCG one exec through the agent takes 0.1 to 0.4 s.
+		c["readinessProbe"] = obj{
+			"exec":          obj{"command": o.execProbe},
+			"periodSeconds": 1, "timeoutSeconds": 5, "failureThreshold": 1,
 		}
 	}
 	spec := obj{
