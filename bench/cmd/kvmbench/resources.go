@@ -29,9 +29,10 @@ import (
 // memory). The overhead is what the pod needs above guest RAM.
 //
 // Resize: a 1-vCPU VM that may grow to 2 is resized through CRI
-// UpdateContainerResources, 1 -> 2 and back, runs times each way; the time
-// is from the call until the guest reports the CPUs online
-// (KVM-GUEST-CPUS on its console).
+// UpdateContainerResources, 1 -> 2 and back, runs times; the time is from
+// the call until the guest reports its CPUs (KVM-GUEST-CPUS on its
+// console). A shrink the guest does not complete is counted, and the next
+// run starts with a new VM.
 
 // overheadSizes are the VM sizes measured: MiB of guest RAM and vCPUs.
 var overheadSizes = []struct{ memMiB, vcpus int }{{512, 1}, {2048, 2}}
@@ -60,6 +61,10 @@ type resizeResult struct {
 	Flavour string  `json:"flavour"`
 	Grow    Summary `json:"grow_1_to_2"`   // UpdateContainerResources to the guest seeing CPU 1 online
 	Shrink  Summary `json:"shrink_2_to_1"` // UpdateContainerResources to the guest seeing CPU 1 gone
+	// ShrinkFailed counts shrinks that failed (the guest did not release
+	// the vCPU), with the last error.
+	ShrinkFailed int    `json:"shrink_failed"`
+	ShrinkError  string `json:"shrink_error,omitempty"`
 }
 
 type resourcesResults struct {
@@ -277,36 +282,54 @@ func measureResize(ctx context.Context, d *daemon, h cgroup.Hierarchies, runs in
 	}
 	defer cl.Close()
 	const memLimit = 256 << 20
-	cid, logPath, _, stop, err := vmPod(ctx, d, cl, h, "resize", testenv.ContainerOptions{
-		MemoryLimit: memLimit, CPUs: 1,
-		Annotations: map[string]string{"kvm.containerd.io/max-vcpus": "2"},
-	})
-	if err != nil {
-		return res, err
-	}
-	defer func() { retErr = errors.Join(retErr, stop()) }()
-	if _, err := waitCPUs(ctx, logPath, "0", bootTimeout); err != nil {
-		return res, err
+	update := func(cid string, cpus int64) error {
+		_, err := cl.Runtime.UpdateContainerResources(ctx, &cri.UpdateContainerResourcesRequest{
+			ContainerId: cid,
+			Linux:       &cri.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: cpus * 100000, MemoryLimitInBytes: memLimit},
+		})
+		return err
 	}
 	var grow, shrink []float64
+	var cid, logPath string
+	stop := func() error { return nil }
+	defer func() { retErr = errors.Join(retErr, stop()) }()
 	for i := 0; i < runs; i++ {
-		for _, step := range []struct {
-			cpus int64
-			want string
-			into *[]float64
-		}{{2, "0-1", &grow}, {1, "0", &shrink}} {
-			start := time.Now()
-			if _, err := cl.Runtime.UpdateContainerResources(ctx, &cri.UpdateContainerResourcesRequest{
-				ContainerId: cid,
-				Linux:       &cri.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: step.cpus * 100000, MemoryLimitInBytes: memLimit},
+		if cid == "" { // a fresh 1-vCPU VM
+			var err error
+			if cid, logPath, _, stop, err = vmPod(ctx, d, cl, h, fmt.Sprintf("resize-%d", i), testenv.ContainerOptions{
+				MemoryLimit: memLimit, CPUs: 1, Annotations: map[string]string{"kvm.containerd.io/max-vcpus": "2"},
 			}); err != nil {
-				return res, fmt.Errorf("UpdateContainerResources to %d CPUs: %w", step.cpus, err)
-			}
-			if _, err := waitCPUs(ctx, logPath, step.want, time.Minute); err != nil {
 				return res, err
 			}
-			*step.into = append(*step.into, float64(time.Since(start).Microseconds())/1000)
+			if _, err := waitCPUs(ctx, logPath, "0", bootTimeout); err != nil {
+				return res, err
+			}
 		}
+		start := time.Now()
+		if err := update(cid, 2); err != nil {
+			return res, fmt.Errorf("UpdateContainerResources to 2 CPUs: %w", err)
+		}
+		if _, err := waitCPUs(ctx, logPath, "0-1", time.Minute); err != nil {
+			return res, err
+		}
+		grow = append(grow, float64(time.Since(start).Microseconds())/1000)
+		// A guest that does not release the vCPU fails the shrink: the
+		// failure is counted and the next run starts a new VM.
+		start = time.Now()
+		if err := update(cid, 1); err != nil {
+			res.ShrinkFailed++
+			res.ShrinkError = err.Error()
+			logf("resources: run %d: 2 -> 1 vCPUs failed: %v", i, err)
+			if err := stop(); err != nil {
+				return res, err
+			}
+			cid, stop = "", func() error { return nil }
+			continue
+		}
+		if _, err := waitCPUs(ctx, logPath, "0", time.Minute); err != nil {
+			return res, err
+		}
+		shrink = append(shrink, float64(time.Since(start).Microseconds())/1000)
 	}
 	res.Grow, res.Shrink = summarize(grow), summarize(shrink)
 	return res, nil
@@ -339,6 +362,6 @@ func (r *results) buildResources() {
 	}
 	for _, z := range x.Resize {
 		r.add("resources", fmt.Sprintf("UpdateContainerResources to the guest seeing its CPUs (%s, TCG)", z.Flavour),
-			fmt.Sprintf("1 -> 2 vCPUs: %s; 2 -> 1: %s", msRange(z.Grow), msRange(z.Shrink)), "", "measured")
+			fmt.Sprintf("1 -> 2 vCPUs: %s; 2 -> 1: %s, %d failed", msRange(z.Grow), msRange(z.Shrink), z.ShrinkFailed), "", "measured")
 	}
 }
