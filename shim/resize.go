@@ -124,6 +124,10 @@ func (t *vmTask) update(ctx context.Context, r *specs.LinuxResources) error {
 				l.WithError(rerr).Warn("put back the vCPUs of a failed resize")
 			}
 		}
+		if want.vcpus < cur {
+			return fmt.Errorf("resize %s to %d vCPUs: the guest did not release its vCPUs within %v (it must offline them on ACPI eject): %v: %w",
+				t.id, want.vcpus, unplugWait, err, errdefs.ErrFailedPrecondition)
+		}
 		return fmt.Errorf("resize %s to %d vCPUs: %w", t.id, want.vcpus, err)
 	}
 	t.mu.Lock()

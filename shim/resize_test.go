@@ -153,6 +153,20 @@ func TestVMTaskUpdateSlowUnplug(t *testing.T) {
 	if err := vt.update(ctx, cpuResources(100000)); err != nil || vt.vcpus != 1 {
 		t.Errorf("unplug the guest completed late: %v, task has %d vCPUs", err, vt.vcpus)
 	}
+	// A guest that never releases the vCPU: FailedPrecondition, unchanged.
+	f.fake.lateErr = nil
+	if err := vt.update(ctx, cpuResources(200000)); err != nil {
+		t.Fatal(err)
+	}
+	f.fake.vcpuErr = errors.New("vcpu unplug request timed out")
+	if err := vt.update(ctx, cpuResources(100000)); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "did not release") || vt.vcpus != 2 {
+		t.Errorf("unplug the guest refused: %v, task has %d vCPUs; want FailedPrecondition and 2", err, vt.vcpus)
+	}
+	f.fake.vcpuErr = nil
+	if err := vt.update(ctx, cpuResources(100000)); err != nil {
+		t.Fatal(err)
+	}
+	f.fake.lateErr = errors.New("vcpu plug failed")
 	// Growing never waits: libvirt's error stands and the VM is put back.
 	if err := vt.update(ctx, cpuResources(200000)); err == nil || vt.vcpus != 1 {
 		t.Errorf("plug that failed: %v, task has %d vCPUs", err, vt.vcpus)
