@@ -59,9 +59,9 @@ func TestCRIResize(t *testing.T) {
 	s := requireKVM(t, "kernel", "pause")
 	h := hostCgroups(t)
 	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
+		parent := c.podCgroup(t, h) // removed after the pods: cleanups run last first
 		c.cleanupAfter(t)
 		cl := c.cri(t)
-		parent := c.podCgroup(t, h)
 		cfg := containerConfig("vm", s.images["kernel"].ref, map[string]string{"kvm.containerd.io/max-vcpus": "2"})
 		v := c.startVMIn(t, cl, "vm-resize", parent, cfg)
 		cid := v.cid
