@@ -52,8 +52,9 @@ type overheadResult struct {
 	// From the container's cgroup: the charge now and its peak.
 	CgroupUsageMiB float64 `json:"cgroup_usage_mib"`
 	CgroupPeakMiB  float64 `json:"cgroup_peak_mib"`
-	// PodOverheadMiB = CgroupPeakMiB - MemoryMiB: what the pod's memory
-	// limit must hold above the guest's RAM.
+	// PodOverheadMiB = CgroupPeakMiB - GuestRAMRSSMiB: what the pod's
+	// memory limit must hold above the guest RAM the guest touched (a
+	// guest rarely touches every page: the kernel keeps some unused).
 	PodOverheadMiB float64 `json:"pod_overhead_mib"`
 }
 
@@ -98,7 +99,6 @@ func runResources(ctx context.Context, e *env) (*resourcesResults, error) {
 			logf("resources: QEMU RSS %.0f MiB of which guest RAM %.0f; QEMU overhead %.1f MiB; cgroup peak %.0f MiB, %.1f MiB above guest RAM",
 				r.QEMURSSMiB, r.GuestRAMRSSMiB, r.QEMUOverheadMiB, r.CgroupPeakMiB, r.PodOverheadMiB)
 			out.Overhead = append(out.Overhead, r)
-			out.PodFixedMiB = max(out.PodFixedMiB, int(math.Ceil(r.PodOverheadMiB*1.25/16))*16)
 		}
 	}
 	return out, nil
@@ -215,7 +215,6 @@ func measureOverhead(ctx context.Context, d *daemon, h cgroup.Hierarchies, memMi
 	if st.MemoryMaxUsage == 0 { // cgroup v2 without memory.peak
 		res.CgroupPeakMiB = res.CgroupUsageMiB
 	}
-	res.PodOverheadMiB = res.CgroupPeakMiB - float64(memMiB)
 	return res, nil
 }
 
@@ -347,15 +346,27 @@ func waitCPUs(ctx context.Context, logPath, want string, timeout time.Duration) 
 	return got, err
 }
 
+// derive computes the overheads from the measurements (so -rerender of
+// an earlier run applies the same formula).
+func (x *resourcesResults) derive() {
+	x.PodFixedMiB = 0
+	for i := range x.Overhead {
+		o := &x.Overhead[i]
+		o.PodOverheadMiB = o.CgroupPeakMiB - o.GuestRAMRSSMiB
+		x.PodFixedMiB = max(x.PodFixedMiB, int(math.Ceil(o.PodOverheadMiB*1.25/16))*16)
+	}
+}
+
 func (r *results) buildResources() {
 	x := r.Resources
 	if x == nil {
 		return
 	}
+	x.derive()
 	for _, o := range x.Overhead {
 		r.add("resources", fmt.Sprintf("memory above guest RAM, %d MiB / %d vCPU VM, all guest RAM touched (%s, TCG)", o.MemoryMiB, o.VCPUs, o.Flavour),
-			fmt.Sprintf("pod cgroup peak %.0f MiB = guest RAM + %.1f MiB; QEMU RSS %.0f MiB (guest RAM %.0f + QEMU's own %.1f), PSS %.0f MiB",
-				o.CgroupPeakMiB, o.PodOverheadMiB, o.QEMURSSMiB, o.GuestRAMRSSMiB, o.QEMUOverheadMiB, o.QEMUPSSMiB), "", "measured")
+			fmt.Sprintf("pod cgroup peak %.0f MiB = guest RAM touched %.0f + %.1f MiB; QEMU RSS %.0f MiB (guest RAM %.0f + QEMU's own %.1f), PSS %.0f MiB",
+				o.CgroupPeakMiB, o.GuestRAMRSSMiB, o.PodOverheadMiB, o.QEMURSSMiB, o.GuestRAMRSSMiB, o.QEMUOverheadMiB, o.QEMUPSSMiB), "", "measured")
 	}
 	if len(x.Overhead) > 0 {
 		r.add("resources", "RuntimeClass overhead.podFixed memory (largest overhead + 25%, to 16 MiB)", fmt.Sprintf("%d Mi", x.PodFixedMiB), "", "derived")
