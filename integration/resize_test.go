@@ -69,7 +69,13 @@ func TestCRIResize(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitGuestLine(t, v.logPath, "KVM-GUEST-CPUS", "0", bootTimeout)
-		mem := lastGuestLine(v.logPath, "KVM-GUEST-MEMTOTAL")
+		var mem string // the guest prints it right after its CPUs
+		if err := poll(10*time.Second, func() (bool, string) {
+			mem = lastGuestLine(v.logPath, "KVM-GUEST-MEMTOTAL")
+			return mem != "", "no KVM-GUEST-MEMTOTAL line"
+		}); err != nil {
+			t.Fatal(err)
+		}
 		_, pid, err := c.taskStatus(nsCRI, cid)
 		if err != nil {
 			t.Fatal(err)
