@@ -20,7 +20,10 @@ import (
 // hostCgroups returns this host's cgroup hierarchies.
 func hostCgroups(t *testing.T) cgroup.Hierarchies {
 	t.Helper()
-	h := hostCgroups(t)
+	h, err := cgroup.Detect()
+	if err != nil {
+		t.Fatal(err)
+	}
 	return h
 }
 
@@ -173,9 +176,9 @@ func TestCRIPodCgroup(t *testing.T) {
 	s := requireKVM(t, "kernel", "pause")
 	h := hostCgroups(t)
 	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
+		parent := c.podCgroup(t, h) // removed after the pods: cleanups run last first
 		c.cleanupAfter(t)
 		cl := c.cri(t)
-		parent := c.podCgroup(t, h)
 		v := c.startVMIn(t, cl, "vm-cgroup", parent, containerConfig("vm", s.images["kernel"].ref, nil))
 		cid := v.cid
 		want := parent + "/" + cid
@@ -198,7 +201,7 @@ func TestCRIPodCgroup(t *testing.T) {
 		// NUMA binding and vCPU affinity survive the move.
 		d := c.domainOf(t, cid)
 		checkNUMATune(t, d, pid)
-		for _, tid := range vcpuThreads(t, pid, d.VCPU.Count) {
+		for _, tid := range vcpuThreads(t, pid, d.vcpus()) {
 			checkAffinity(t, pid, tid, "vCPU thread", d.VCPU.CPUSet)
 		}
 		checkPagesOnNodes(t, pid, d.NUMATune.Memory.NodeSet)

@@ -26,8 +26,9 @@ type domain struct {
 		Cmdline string `xml:"cmdline"`
 	} `xml:"os"`
 	VCPU struct {
-		CPUSet string `xml:"cpuset,attr"`
-		Count  int    `xml:",chardata"`
+		CPUSet  string `xml:"cpuset,attr"`
+		Current int    `xml:"current,attr"` // vCPUs at start when below the maximum
+		Count   int    `xml:",chardata"`    // the maximum
 	} `xml:"vcpu"`
 	CPUTune struct {
 		VCPUPins []struct {
@@ -64,6 +65,14 @@ type domain struct {
 	} `xml:"devices"`
 
 	raw string
+}
+
+// vcpus is how many vCPUs the domain starts with.
+func (d *domain) vcpus() int {
+	if d.VCPU.Current > 0 {
+		return d.VCPU.Current
+	}
+	return d.VCPU.Count
 }
 
 // dumpDomain reads and parses the live XML of a domain.

@@ -35,7 +35,7 @@ func TestCtrNUMA(t *testing.T) {
 				t.Errorf("no <vcpu cpuset>:\n%s", d.raw)
 			}
 			checkAffinity(t, pid, 0, "QEMU (emulator threads float with the vCPUs)", d.VCPU.CPUSet)
-			for _, tid := range vcpuThreads(t, pid, d.VCPU.Count) {
+			for _, tid := range vcpuThreads(t, pid, d.vcpus()) {
 				checkAffinity(t, pid, tid, "vCPU thread", d.VCPU.CPUSet)
 			}
 			c.checkReservation(t, d.Name+"/"+id, "node", d.VCPU.CPUSet, "")
@@ -50,7 +50,7 @@ func TestCtrNUMA(t *testing.T) {
 			pid := c.taskPid(t, id)
 			checkNUMATune(t, d, pid)
 			pins := d.CPUTune.VCPUPins
-			if d.VCPU.Count != 1 || len(pins) != 1 || pins[0].VCPU != 0 || d.CPUTune.EmulatorPin == nil {
+			if d.vcpus() != 1 || len(pins) != 1 || pins[0].VCPU != 0 || d.CPUTune.EmulatorPin == nil {
 				t.Fatalf("a 1-vCPU dedicated VM wants one <vcpupin vcpu=0> and an <emulatorpin>:\n%s", d.raw)
 			}
 			vcpu, _ := cpuList(pins[0].CPUSet)

@@ -10,7 +10,7 @@ import "fmt"
 // (README, "Overhead and RuntimeClass"): the largest overhead seen with
 // every guest page touched, plus a quarter, rounded up to 16 MiB. A host
 // with KVM needs less (no TCG translation cache).
-const PodFixedOverheadMiB = 128
+const PodFixedOverheadMiB = 144
 
 // overheadNote is `check`'s line on the overhead to declare.
 func overheadNote() string {

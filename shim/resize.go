@@ -87,6 +87,7 @@ func (t *vmTask) update(ctx context.Context, r *specs.LinuxResources) error {
 	if status != task.Status_RUNNING {
 		return fmt.Errorf("resize %s: the VM is %s; only a running VM is resized live: %w", t.id, strings.ToLower(status.String()), errdefs.ErrFailedPrecondition)
 	}
+	cur = t.syncVCPUsLocked(ctx, cur)
 	want := resizeTargetFrom(r, cur, mem)
 	switch {
 	case want.memMiB != mem:
@@ -124,6 +125,10 @@ func (t *vmTask) update(ctx context.Context, r *specs.LinuxResources) error {
 				l.WithError(rerr).Warn("put back the vCPUs of a failed resize")
 			}
 		}
+		if want.vcpus < cur {
+			return fmt.Errorf("resize %s to %d vCPUs: the guest did not release its vCPUs within %v (it must offline them on ACPI eject): %v: %w",
+				t.id, want.vcpus, unplugWait, err, errdefs.ErrFailedPrecondition)
+		}
 		return fmt.Errorf("resize %s to %d vCPUs: %w", t.id, want.vcpus, err)
 	}
 	t.mu.Lock()
@@ -131,6 +136,26 @@ func (t *vmTask) update(ctx context.Context, r *specs.LinuxResources) error {
 	t.mu.Unlock()
 	l.Info("resized VM")
 	return nil
+}
+
+// syncVCPUsLocked (resizeMu held) takes the VM's live vCPU count from
+// libvirt when it differs from cur: an unplug the guest completed after
+// an earlier resize gave up on it. The NUMA reservation follows.
+func (t *vmTask) syncVCPUsLocked(ctx context.Context, cur int) int {
+	n, err := t.h.conn.VCPUs(t.rec.Domain)
+	if err != nil || n < 1 || n == cur {
+		return cur
+	}
+	log.G(ctx).WithField("vm", t.rec.Domain).WithField("recorded", cur).WithField("live", n).Info("the VM's vCPUs changed after a resize gave up on them")
+	if t.rec.NUMAOwner != "" && t.h.numa != nil {
+		if _, err := t.h.numa.Resize(t.rec.NUMAOwner, n); err != nil {
+			log.G(ctx).WithError(err).WithField("vm", t.rec.Domain).Warn("NUMA reservation of the VM's live vCPUs")
+		}
+	}
+	t.mu.Lock()
+	t.vcpus = n
+	t.mu.Unlock()
+	return n
 }
 
 // unplugWait is how long update waits, beyond libvirt's own 5 s, for a

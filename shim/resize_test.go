@@ -153,8 +153,51 @@ func TestVMTaskUpdateSlowUnplug(t *testing.T) {
 	if err := vt.update(ctx, cpuResources(100000)); err != nil || vt.vcpus != 1 {
 		t.Errorf("unplug the guest completed late: %v, task has %d vCPUs", err, vt.vcpus)
 	}
+	// A guest that never releases the vCPU: FailedPrecondition, unchanged.
+	f.fake.lateErr = nil
+	if err := vt.update(ctx, cpuResources(200000)); err != nil {
+		t.Fatal(err)
+	}
+	f.fake.vcpuErr = errors.New("vcpu unplug request timed out")
+	if err := vt.update(ctx, cpuResources(100000)); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "did not release") || vt.vcpus != 2 {
+		t.Errorf("unplug the guest refused: %v, task has %d vCPUs; want FailedPrecondition and 2", err, vt.vcpus)
+	}
+	f.fake.vcpuErr = nil
+	if err := vt.update(ctx, cpuResources(100000)); err != nil {
+		t.Fatal(err)
+	}
+	f.fake.lateErr = errors.New("vcpu plug failed")
 	// Growing never waits: libvirt's error stands and the VM is put back.
 	if err := vt.update(ctx, cpuResources(200000)); err == nil || vt.vcpus != 1 {
 		t.Errorf("plug that failed: %v, task has %d vCPUs", err, vt.vcpus)
+	}
+}
+
+// A guest that completes an unplug after the resize gave up: the next
+// update starts from the VM's live vCPUs.
+func TestVMTaskUpdateAfterLateUnplug(t *testing.T) {
+	unplugWait = 50 * time.Millisecond
+	t.Cleanup(func() { unplugWait = 30 * time.Second })
+	f := newVMFixture(t)
+	vt := f.started()
+	ctx := context.Background()
+	if err := vt.update(ctx, cpuResources(200000)); err != nil {
+		t.Fatal(err)
+	}
+	f.fake.vcpuErr = errors.New("vcpu unplug request timed out")
+	if err := vt.update(ctx, cpuResources(100000)); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("shrink the guest did not complete: %v", err)
+	}
+	f.fake.vcpuErr = nil
+	// The guest releases the vCPU later.
+	f.fake.mu.Lock()
+	f.fake.doms[vt.rec.Domain].vcpus = 1
+	f.fake.mu.Unlock()
+	calls := len(f.fake.called())
+	if err := vt.update(ctx, cpuResources(100000)); err != nil || vt.vcpus != 1 {
+		t.Errorf("update to the live size: %v, task has %d vCPUs", err, vt.vcpus)
+	}
+	if got := f.fake.called()[calls:]; len(got) != 0 {
+		t.Errorf("update to the size the VM already has asked libvirt: %v", got)
 	}
 }

@@ -29,9 +29,10 @@ import (
 // memory). The overhead is what the pod needs above guest RAM.
 //
 // Resize: a 1-vCPU VM that may grow to 2 is resized through CRI
-// UpdateContainerResources, 1 -> 2 and back, runs times each way; the time
-// is from the call until the guest reports the CPUs online
-// (KVM-GUEST-CPUS on its console).
+// UpdateContainerResources, 1 -> 2 and back, runs times; the time is from
+// the call until the guest reports its CPUs (KVM-GUEST-CPUS on its
+// console). A shrink the guest does not complete is counted, and the next
+// run starts with a new VM.
 
 // overheadSizes are the VM sizes measured: MiB of guest RAM and vCPUs.
 var overheadSizes = []struct{ memMiB, vcpus int }{{512, 1}, {2048, 2}}
@@ -51,8 +52,9 @@ type overheadResult struct {
 	// From the container's cgroup: the charge now and its peak.
 	CgroupUsageMiB float64 `json:"cgroup_usage_mib"`
 	CgroupPeakMiB  float64 `json:"cgroup_peak_mib"`
-	// PodOverheadMiB = CgroupPeakMiB - MemoryMiB: what the pod's memory
-	// limit must hold above the guest's RAM.
+	// PodOverheadMiB = CgroupPeakMiB - GuestRAMRSSMiB: what the pod's
+	// memory limit must hold above the guest RAM the guest touched (a
+	// guest rarely touches every page: the kernel keeps some unused).
 	PodOverheadMiB float64 `json:"pod_overhead_mib"`
 }
 
@@ -60,6 +62,10 @@ type resizeResult struct {
 	Flavour string  `json:"flavour"`
 	Grow    Summary `json:"grow_1_to_2"`   // UpdateContainerResources to the guest seeing CPU 1 online
 	Shrink  Summary `json:"shrink_2_to_1"` // UpdateContainerResources to the guest seeing CPU 1 gone
+	// ShrinkFailed counts shrinks that failed (the guest did not release
+	// the vCPU), with the last error.
+	ShrinkFailed int    `json:"shrink_failed"`
+	ShrinkError  string `json:"shrink_error,omitempty"`
 }
 
 type resourcesResults struct {
@@ -93,7 +99,6 @@ func runResources(ctx context.Context, e *env) (*resourcesResults, error) {
 			logf("resources: QEMU RSS %.0f MiB of which guest RAM %.0f; QEMU overhead %.1f MiB; cgroup peak %.0f MiB, %.1f MiB above guest RAM",
 				r.QEMURSSMiB, r.GuestRAMRSSMiB, r.QEMUOverheadMiB, r.CgroupPeakMiB, r.PodOverheadMiB)
 			out.Overhead = append(out.Overhead, r)
-			out.PodFixedMiB = max(out.PodFixedMiB, int(math.Ceil(r.PodOverheadMiB*1.25/16))*16)
 		}
 	}
 	return out, nil
@@ -210,7 +215,6 @@ func measureOverhead(ctx context.Context, d *daemon, h cgroup.Hierarchies, memMi
 	if st.MemoryMaxUsage == 0 { // cgroup v2 without memory.peak
 		res.CgroupPeakMiB = res.CgroupUsageMiB
 	}
-	res.PodOverheadMiB = res.CgroupPeakMiB - float64(memMiB)
 	return res, nil
 }
 
@@ -277,36 +281,54 @@ func measureResize(ctx context.Context, d *daemon, h cgroup.Hierarchies, runs in
 	}
 	defer cl.Close()
 	const memLimit = 256 << 20
-	cid, logPath, _, stop, err := vmPod(ctx, d, cl, h, "resize", testenv.ContainerOptions{
-		MemoryLimit: memLimit, CPUs: 1,
-		Annotations: map[string]string{"kvm.containerd.io/max-vcpus": "2"},
-	})
-	if err != nil {
-		return res, err
-	}
-	defer func() { retErr = errors.Join(retErr, stop()) }()
-	if _, err := waitCPUs(ctx, logPath, "0", bootTimeout); err != nil {
-		return res, err
+	update := func(cid string, cpus int64) error {
+		_, err := cl.Runtime.UpdateContainerResources(ctx, &cri.UpdateContainerResourcesRequest{
+			ContainerId: cid,
+			Linux:       &cri.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: cpus * 100000, MemoryLimitInBytes: memLimit},
+		})
+		return err
 	}
 	var grow, shrink []float64
+	var cid, logPath string
+	stop := func() error { return nil }
+	defer func() { retErr = errors.Join(retErr, stop()) }()
 	for i := 0; i < runs; i++ {
-		for _, step := range []struct {
-			cpus int64
-			want string
-			into *[]float64
-		}{{2, "0-1", &grow}, {1, "0", &shrink}} {
-			start := time.Now()
-			if _, err := cl.Runtime.UpdateContainerResources(ctx, &cri.UpdateContainerResourcesRequest{
-				ContainerId: cid,
-				Linux:       &cri.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: step.cpus * 100000, MemoryLimitInBytes: memLimit},
+		if cid == "" { // a fresh 1-vCPU VM
+			var err error
+			if cid, logPath, _, stop, err = vmPod(ctx, d, cl, h, fmt.Sprintf("resize-%d", i), testenv.ContainerOptions{
+				MemoryLimit: memLimit, CPUs: 1, Annotations: map[string]string{"kvm.containerd.io/max-vcpus": "2"},
 			}); err != nil {
-				return res, fmt.Errorf("UpdateContainerResources to %d CPUs: %w", step.cpus, err)
-			}
-			if _, err := waitCPUs(ctx, logPath, step.want, time.Minute); err != nil {
 				return res, err
 			}
-			*step.into = append(*step.into, float64(time.Since(start).Microseconds())/1000)
+			if _, err := waitCPUs(ctx, logPath, "0", bootTimeout); err != nil {
+				return res, err
+			}
 		}
+		start := time.Now()
+		if err := update(cid, 2); err != nil {
+			return res, fmt.Errorf("UpdateContainerResources to 2 CPUs: %w", err)
+		}
+		if _, err := waitCPUs(ctx, logPath, "0-1", time.Minute); err != nil {
+			return res, err
+		}
+		grow = append(grow, float64(time.Since(start).Microseconds())/1000)
+		// A guest that does not release the vCPU fails the shrink: the
+		// failure is counted and the next run starts a new VM.
+		start = time.Now()
+		if err := update(cid, 1); err != nil {
+			res.ShrinkFailed++
+			res.ShrinkError = err.Error()
+			logf("resources: run %d: 2 -> 1 vCPUs failed: %v", i, err)
+			if err := stop(); err != nil {
+				return res, err
+			}
+			cid, stop = "", func() error { return nil }
+			continue
+		}
+		if _, err := waitCPUs(ctx, logPath, "0", time.Minute); err != nil {
+			return res, err
+		}
+		shrink = append(shrink, float64(time.Since(start).Microseconds())/1000)
 	}
 	res.Grow, res.Shrink = summarize(grow), summarize(shrink)
 	return res, nil
@@ -324,21 +346,33 @@ func waitCPUs(ctx context.Context, logPath, want string, timeout time.Duration) 
 	return got, err
 }
 
+// derive computes the overheads from the measurements (so -rerender of
+// an earlier run applies the same formula).
+func (x *resourcesResults) derive() {
+	x.PodFixedMiB = 0
+	for i := range x.Overhead {
+		o := &x.Overhead[i]
+		o.PodOverheadMiB = o.CgroupPeakMiB - o.GuestRAMRSSMiB
+		x.PodFixedMiB = max(x.PodFixedMiB, int(math.Ceil(o.PodOverheadMiB*1.25/16))*16)
+	}
+}
+
 func (r *results) buildResources() {
 	x := r.Resources
 	if x == nil {
 		return
 	}
+	x.derive()
 	for _, o := range x.Overhead {
 		r.add("resources", fmt.Sprintf("memory above guest RAM, %d MiB / %d vCPU VM, all guest RAM touched (%s, TCG)", o.MemoryMiB, o.VCPUs, o.Flavour),
-			fmt.Sprintf("pod cgroup peak %.0f MiB = guest RAM + %.1f MiB; QEMU RSS %.0f MiB (guest RAM %.0f + QEMU's own %.1f), PSS %.0f MiB",
-				o.CgroupPeakMiB, o.PodOverheadMiB, o.QEMURSSMiB, o.GuestRAMRSSMiB, o.QEMUOverheadMiB, o.QEMUPSSMiB), "", "measured")
+			fmt.Sprintf("pod cgroup peak %.0f MiB = guest RAM touched %.0f + %.1f MiB; QEMU RSS %.0f MiB (guest RAM %.0f + QEMU's own %.1f), PSS %.0f MiB",
+				o.CgroupPeakMiB, o.GuestRAMRSSMiB, o.PodOverheadMiB, o.QEMURSSMiB, o.GuestRAMRSSMiB, o.QEMUOverheadMiB, o.QEMUPSSMiB), "", "measured")
 	}
 	if len(x.Overhead) > 0 {
 		r.add("resources", "RuntimeClass overhead.podFixed memory (largest overhead + 25%, to 16 MiB)", fmt.Sprintf("%d Mi", x.PodFixedMiB), "", "derived")
 	}
 	for _, z := range x.Resize {
 		r.add("resources", fmt.Sprintf("UpdateContainerResources to the guest seeing its CPUs (%s, TCG)", z.Flavour),
-			fmt.Sprintf("1 -> 2 vCPUs: %s; 2 -> 1: %s", msRange(z.Grow), msRange(z.Shrink)), "", "measured")
+			fmt.Sprintf("1 -> 2 vCPUs: %s; 2 -> 1: %s, %d failed", msRange(z.Grow), msRange(z.Shrink), z.ShrinkFailed), "", "measured")
 	}
 }
