@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -138,7 +139,8 @@ func TestCtrBadNetns(t *testing.T) {
 	}{
 		{name: "missing", missing: true, want: []string{"does not exist"}},
 		{name: "loopback", want: []string{"no CNI interface"}},
-		{name: "twoifs", ifs: []string{"kvmit0", "kvmit1"}, want: []string{"kvmit0", "kvmit1"}},
+		// Two interfaces are two NICs now; neither has an address here.
+		{name: "noaddr", ifs: []string{"kvmit0", "kvmit1"}, want: []string{"kvmit0", "no IP address"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := requireKVM(t, "kernel")
@@ -172,6 +174,16 @@ func TestCtrNoTun(t *testing.T) {
 	// The namespace must exist before containerd's mount namespace is made:
 	// mounts made on the host later do not reach a private namespace.
 	path := newNetns(t, "notun", "eth0")
+	// An address, so that the pod network is usable and the TAP is the
+	// first thing that fails.
+	for _, args := range [][]string{
+		{"-n", filepath.Base(path), "addr", "add", "10.89.3.2/24", "dev", "eth0"},
+		{"-n", filepath.Base(path), "link", "set", "eth0", "up"},
+	} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
 	f, err := testenv.LookupFlavour("1.6")
 	if err != nil {
 		t.Fatal(err)
