@@ -99,7 +99,11 @@ wait_libvirt() {
 		[ "$SECONDS" -lt "$deadline" ] || die "libvirtd did not answer on $LIBVIRT_URI within 60s"
 		sleep 0.5
 	done
-	virsh -c "$LIBVIRT_URI" capabilities | grep -q "<domain type='qemu'" ||
+	# Read the whole answer first: grep -q stops at the first match, and
+	# under pipefail virsh's SIGPIPE on the rest would fail the check.
+	local caps
+	caps=$(virsh -c "$LIBVIRT_URI" capabilities) || die "virsh capabilities on $LIBVIRT_URI failed"
+	grep -q "<domain type='qemu'" <<<"$caps" ||
 		die "libvirt capabilities on $LIBVIRT_URI show no qemu domain type"
 }
 
