@@ -134,6 +134,9 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 	if err := c.makeLink(); err != nil {
 		return c, err
 	}
+	if err := makeCgroupRoot(); err != nil {
+		return c, err
+	}
 	if err := c.writeConfigs(); err != nil {
 		return c, err
 	}
@@ -448,7 +451,8 @@ func (c *Cluster) LogTail(component string, n int) string {
 
 // Stop stops kube-proxy (and removes its iptables rules), kubelet, the
 // controller manager, the apiserver and etcd, each by its pid, then
-// unmounts what kubelet left mounted and deletes the node's link. Pods
+// unmounts what kubelet left mounted, removes its iptables chains and its
+// cgroups (CgroupRoot) and deletes the node's link. Pods
 // should be deleted before: kubelet does not stop them when it stops.
 func (c *Cluster) Stop() error {
 	var errs []error
@@ -467,6 +471,9 @@ func (c *Cluster) Stop() error {
 	}
 	errs = append(errs, stopAll(30*time.Second, c.kubelet, c.controllerManager, c.apiserver, c.etcd))
 	errs = append(errs, testenv.UnmountAll(c.KubeletDir))
+	if c.kubelet != nil {
+		errs = append(errs, removeKubeletChains(), removeCgroupRoot())
+	}
 	if c.linkMade {
 		errs = append(errs, run("ip", "link", "del", c.NodeLink))
 	}
