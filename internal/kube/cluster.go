@@ -81,6 +81,7 @@ type Cluster struct {
 
 	etcd, apiserver, controllerManager, kubelet, kubeProxy *process
 	linkMade                                               bool
+	sysctls                                                map[string]string // the host's, before kubelet changed them
 }
 
 // Start lays out the cluster below o.Dir and starts etcd, the apiserver,
@@ -137,6 +138,7 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 	if err := makeCgroupRoot(); err != nil {
 		return c, err
 	}
+	c.sysctls = saveSysctls()
 	if err := c.writeConfigs(); err != nil {
 		return c, err
 	}
@@ -452,7 +454,8 @@ func (c *Cluster) LogTail(component string, n int) string {
 // Stop stops kube-proxy (and removes its iptables rules), kubelet, the
 // controller manager, the apiserver and etcd, each by its pid, then
 // unmounts what kubelet left mounted, removes its iptables chains and its
-// cgroups (CgroupRoot) and deletes the node's link. Pods
+// cgroups (CgroupRoot), puts back the kernel settings it changed and
+// deletes the node's link. Pods
 // should be deleted before: kubelet does not stop them when it stops.
 func (c *Cluster) Stop() error {
 	var errs []error
@@ -472,7 +475,7 @@ func (c *Cluster) Stop() error {
 	errs = append(errs, stopAll(30*time.Second, c.kubelet, c.controllerManager, c.apiserver, c.etcd))
 	errs = append(errs, testenv.UnmountAll(c.KubeletDir))
 	if c.kubelet != nil {
-		errs = append(errs, removeKubeletChains(), removeCgroupRoot())
+		errs = append(errs, removeKubeletChains(), removeCgroupRoot(), restoreSysctls(c.sysctls))
 	}
 	if c.linkMade {
 		errs = append(errs, run("ip", "link", "del", c.NodeLink))

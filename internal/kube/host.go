@@ -128,3 +128,34 @@ func removeKubeletChains() error {
 	}
 	return errors.Join(errs...)
 }
+
+// kubeletSysctls are the kernel settings kubelet sets at start when
+// protectKernelDefaults is off (pkg/kubelet/cm's setupKernelTunables).
+var kubeletSysctls = []string{
+	"vm/overcommit_memory", "vm/panic_on_oom",
+	"kernel/panic", "kernel/panic_on_oops",
+	"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes",
+}
+
+// saveSysctls reads the kernel settings kubelet changes, for
+// restoreSysctls: the host is shared, and kubelet's panic_on_oops=1 would
+// turn any later oops on it into a reboot.
+func saveSysctls() map[string]string {
+	saved := map[string]string{}
+	for _, k := range kubeletSysctls {
+		if b, err := os.ReadFile(filepath.Join("/proc/sys", k)); err == nil {
+			saved[k] = strings.TrimSpace(string(b))
+		}
+	}
+	return saved
+}
+
+func restoreSysctls(saved map[string]string) error {
+	var errs []error
+	for k, v := range saved {
+		if err := os.WriteFile(filepath.Join("/proc/sys", k), []byte(v), 0o644); err != nil {
+			errs = append(errs, fmt.Errorf("restore sysctl %s: %w", k, err))
+		}
+	}
+	return errors.Join(errs...)
+}
