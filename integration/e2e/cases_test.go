@@ -236,24 +236,39 @@ func testDelete(t *testing.T, e *env) {
 	uid := p.Metadata.UID
 	domain := e.vmDomain(t, uid)
 	netns := e.sandboxNetns(t, uid)
+	cid := strings.TrimPrefix(p.container().ContainerID, "containerd://")
 	follow := e.startStream(t, false, "logs", "-f", vmA.name)
 	follow.waitFor(t, readyLine, shortTimeout)
+	mark := e.cluster.LogSize("kubelet")
 	start := time.Now()
-	e.deletePod(t, vmA.name)
-	took := time.Since(start)
-	follow.waitFor(t, poweroffLine, shortTimeout)
+	e.kubectl(t, "delete", "pod", vmA.name, "--wait=false")
+	// kubelet logs the container's end with its exit code: 0 is the guest
+	// powering off (ACPI), 137 a destroy at the end of the grace period.
 	const grace = 30 * time.Second
-	if took >= grace {
-		t.Errorf("kubectl delete took %s, not within the grace period %s: the guest was killed, not powered off", took, grace)
+	var code string
+	ctx, cancel := context.WithTimeout(context.Background(), grace+shortTimeout)
+	defer cancel()
+	if err := testenv.Poll(ctx, 200*time.Millisecond, func() (bool, string) {
+		code = containerExitCode(e.cluster.LogSince("kubelet", mark), cid)
+		return code != "", "kubelet logged no end of container " + cid
+	}); err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("kubectl delete pod %s: %s (the guest printed %s)", vmA.name, took.Round(10*time.Millisecond), poweroffLine)
+	finished := time.Since(start)
+	follow.waitFor(t, poweroffLine, shortTimeout)
+	if code != "0" || finished >= grace {
+		t.Errorf("the VM container ended with exit code %s after %s, want 0 within the grace period %s (a powered-off guest)", code, finished, grace)
+	}
+	e.kubectl(t, "wait", "--for=delete", "pod/"+vmA.name, "--timeout=90s")
+	t.Logf("kubectl delete pod %s: the guest printed %s and the container ended (exit code %s) after %s; the pod was gone after %s",
+		vmA.name, poweroffLine, code, finished.Round(10*time.Millisecond), time.Since(start).Round(10*time.Millisecond))
 
 	// kubelet removes a deleted pod's sandbox (and so the pod's disk) in
 	// its container garbage collection, once a minute.
 	var left []string
-	ctx, cancel := context.WithTimeout(context.Background(), sandboxGCTimeout)
-	defer cancel()
-	_ = testenv.Poll(ctx, 500*time.Millisecond, func() (bool, string) {
+	gcCtx, gcCancel := context.WithTimeout(context.Background(), sandboxGCTimeout)
+	defer gcCancel()
+	_ = testenv.Poll(gcCtx, 500*time.Millisecond, func() (bool, string) {
 		left = e.podLeftovers(uid, domain, netns)
 		return len(left) == 0, ""
 	})
@@ -262,6 +277,21 @@ func testDelete(t *testing.T, e *env) {
 	} else {
 		t.Logf("nothing of pod %s left %s after kubectl delete", vmA.name, time.Since(start).Round(time.Second))
 	}
+}
+
+// containerExitCode finds kubelet's log line about the end of container
+// cid ("Generic (PLEG): container finished" ... exitCode=N) and returns N,
+// or "" when there is none.
+func containerExitCode(kubeletLog, cid string) string {
+	for _, line := range strings.Split(kubeletLog, "\n") {
+		if !strings.Contains(line, "container finished") || !strings.Contains(line, `containerID="`+cid+`"`) {
+			continue
+		}
+		if _, code, ok := strings.Cut(line, "exitCode="); ok {
+			return strings.Fields(code)[0]
+		}
+	}
+	return ""
 }
 
 // sandboxNetns returns the network namespace path of the pod's sandbox.

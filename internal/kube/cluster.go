@@ -81,6 +81,7 @@ type Cluster struct {
 
 	etcd, apiserver, controllerManager, kubelet, kubeProxy *process
 	linkMade                                               bool
+	sysctls                                                map[string]string // the host's, before kubelet changed them
 }
 
 // Start lays out the cluster below o.Dir and starts etcd, the apiserver,
@@ -134,6 +135,10 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 	if err := c.makeLink(); err != nil {
 		return c, err
 	}
+	if err := makeCgroupRoot(); err != nil {
+		return c, err
+	}
+	c.sysctls = saveSysctls()
 	if err := c.writeConfigs(); err != nil {
 		return c, err
 	}
@@ -448,7 +453,9 @@ func (c *Cluster) LogTail(component string, n int) string {
 
 // Stop stops kube-proxy (and removes its iptables rules), kubelet, the
 // controller manager, the apiserver and etcd, each by its pid, then
-// unmounts what kubelet left mounted and deletes the node's link. Pods
+// unmounts what kubelet left mounted, removes its iptables chains and its
+// cgroups (CgroupRoot), puts back the kernel settings it changed and
+// deletes the node's link. Pods
 // should be deleted before: kubelet does not stop them when it stops.
 func (c *Cluster) Stop() error {
 	var errs []error
@@ -467,6 +474,9 @@ func (c *Cluster) Stop() error {
 	}
 	errs = append(errs, stopAll(30*time.Second, c.kubelet, c.controllerManager, c.apiserver, c.etcd))
 	errs = append(errs, testenv.UnmountAll(c.KubeletDir))
+	if c.kubelet != nil {
+		errs = append(errs, removeKubeletChains(), removeCgroupRoot(), restoreSysctls(c.sysctls))
+	}
 	if c.linkMade {
 		errs = append(errs, run("ip", "link", "del", c.NodeLink))
 	}

@@ -83,6 +83,7 @@ func (c *Cluster) kubeletConfig() map[string]any {
 		// This machine: cgroup v1 (deprecated by kubelet, still
 		// supported when asked for), no systemd, no swap accounting.
 		"cgroupDriver":             "cgroupfs",
+		"cgroupRoot":               CgroupRoot,
 		"failCgroupV1":             false,
 		"failSwapOn":               false,
 		"containerRuntimeEndpoint": "unix://" + c.CRISocket,
