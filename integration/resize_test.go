@@ -53,9 +53,8 @@ func updateCPU(cl *criClient, cid string, cpus int64, memory int64) error {
 // 1 to 2 vCPUs, seen by the guest (which onlines the new CPU, as udev
 // would) without a reboot; the new vCPU thread is charged to the pod's
 // cgroup like the others. A memory change and a size above the VM's
-// maximum are refused and leave the VM as it was. Back to 1 vCPU either
-// works, or fails when the guest is slower than libvirt and the shim wait
-// and completes later; the next update then starts from the live count.
+// maximum are refused and leave the VM as it was, and so is a shrink back
+// to 1 vCPU (vCPUs are never removed live).
 func TestCRIResize(t *testing.T) {
 	s := requireKVM(t, "kernel", "pause")
 	h := hostCgroups(t)
@@ -111,30 +110,16 @@ func TestCRIResize(t *testing.T) {
 			t.Errorf("after refused resizes the guest has MemTotal %s kB, want %s", got, mem)
 		}
 
-		// Removing a vCPU needs the guest to release it (ACPI eject).
-		// Either it does, or the resize fails and the VM keeps both.
-		start = time.Now()
-		if err := updateCPU(cl, cid, 1, memLimit); err != nil {
-			t.Logf("2 -> 1 vCPUs refused after %v: %v", time.Since(start), err)
-			if !strings.Contains(err.Error(), "vCPUs") {
-				t.Errorf("a failed shrink does not say what failed: %v", err)
-			}
-			// Seen here: the guest offlines the CPU at once, but QEMU
-			// drops the vCPU only after libvirt and the shim stopped
-			// waiting. The next update then starts from the live count.
-			t.Logf("after the failed shrink the guest reports CPUs %s", lastGuestLine(v.logPath, "KVM-GUEST-CPUS"))
-			vcpuThreads(t, pid, 1)
-			if err := updateCPU(cl, cid, 1, memLimit); err != nil {
-				t.Errorf("UpdateContainerResources to 1 CPU once QEMU dropped the vCPU: %v", err)
-			}
-			if st := cl.containerStatus(t, cid); st.State != cri.ContainerState_CONTAINER_RUNNING {
-				t.Errorf("after a failed shrink the VM is %s", st.State)
-			}
-		} else {
-			t.Logf("2 -> 1 vCPUs: UpdateContainerResources took %v (the guest released the CPU)", time.Since(start))
-			waitGuestLine(t, v.logPath, "KVM-GUEST-CPUS", "0", time.Minute)
-			vcpuThreads(t, pid, 1)
+		// Removing vCPUs live is refused (libvirt 9.0 here loses count of
+		// a vCPU the guest released late); the VM keeps both.
+		if err := updateCPU(cl, cid, 1, memLimit); err == nil || !strings.Contains(err.Error(), "linux.resources.cpu") {
+			t.Errorf("2 -> 1 vCPUs: %v, want a refusal naming linux.resources.cpu", err)
 		}
+		time.Sleep(time.Second)
+		if got := lastGuestLine(v.logPath, "KVM-GUEST-CPUS"); got != "0-1" {
+			t.Errorf("after a refused shrink the guest has CPUs %s, want 0-1", got)
+		}
+		vcpuThreads(t, pid, 2)
 
 		if err := cl.stopContainer(v); err != nil {
 			t.Fatal(err)

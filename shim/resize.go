@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/errdefs"
@@ -74,8 +73,8 @@ func resizeTargetFrom(r *specs.LinuxResources, vcpus, memMiB int) resizeTarget {
 	return t
 }
 
-// update resizes a running VM live: vCPUs are plugged or unplugged up to
-// its maximum, and the node's NUMA reservation follows. Everything is
+// update resizes a running VM live: vCPUs are plugged up to its maximum
+// (never unplugged), and the node's NUMA reservation follows. Everything is
 // checked first; a step that fails undoes the ones before, so the VM is
 // never left half-resized. Guest memory cannot change live yet.
 func (t *vmTask) update(ctx context.Context, r *specs.LinuxResources) error {
@@ -98,6 +97,13 @@ func (t *vmTask) update(ctx context.Context, r *specs.LinuxResources) error {
 			t.id, want.vcpus, t.maxVCPUs, AnnotationMaxVCPUs, errdefs.ErrInvalidArgument)
 	case want.vcpus == cur:
 		return nil
+	case want.vcpus < cur:
+		// Measured with libvirt 9.0 under TCG: the guest offlines the
+		// CPU at once, QEMU drops its thread only after libvirt stopped
+		// waiting, and libvirt then still counts it and refuses every
+		// later unplug. A shrink would leave the VM half-resized.
+		return fmt.Errorf("resize %s: linux.resources.cpu asks for %d vCPUs, the VM has %d: vCPUs are not removed from a running VM (recreate the container to shrink it): %w",
+			t.id, want.vcpus, cur, errdefs.ErrFailedPrecondition)
 	}
 	l := log.G(ctx).WithField("vm", t.rec.Domain).WithField("from", cur).WithField("to", want.vcpus)
 	if t.rec.NUMAOwner != "" && t.h.numa != nil {
@@ -105,15 +111,7 @@ func (t *vmTask) update(ctx context.Context, r *specs.LinuxResources) error {
 			return fmt.Errorf("resize %s: %w", t.id, err)
 		}
 	}
-	err := t.h.conn.SetVCPUs(t.rec.Domain, want.vcpus)
-	if err != nil && want.vcpus < cur && t.waitVCPUs(want.vcpus) {
-		// libvirt gives the guest 5 s to release a vCPU; a guest under
-		// TCG on a busy host may take longer, and libvirt still
-		// completes the unplug when the guest does.
-		l.WithError(err).Info("the guest released the vCPUs after libvirt stopped waiting")
-		err = nil
-	}
-	if err != nil {
+	if err := t.h.conn.SetVCPUs(t.rec.Domain, want.vcpus); err != nil {
 		if t.rec.NUMAOwner != "" && t.h.numa != nil {
 			if _, uerr := t.h.numa.Resize(t.rec.NUMAOwner, cur); uerr != nil {
 				l.WithError(uerr).Warn("give back the NUMA reservation of a failed resize")
@@ -124,10 +122,6 @@ func (t *vmTask) update(ctx context.Context, r *specs.LinuxResources) error {
 			if rerr := t.h.conn.SetVCPUs(t.rec.Domain, cur); rerr != nil {
 				l.WithError(rerr).Warn("put back the vCPUs of a failed resize")
 			}
-		}
-		if want.vcpus < cur {
-			return fmt.Errorf("resize %s to %d vCPUs: the guest did not release its vCPUs within %v (it must offline them on ACPI eject): %v: %w",
-				t.id, want.vcpus, unplugWait, err, errdefs.ErrFailedPrecondition)
 		}
 		return fmt.Errorf("resize %s to %d vCPUs: %w", t.id, want.vcpus, err)
 	}
@@ -158,20 +152,3 @@ func (t *vmTask) syncVCPUsLocked(ctx context.Context, cur int) int {
 	return n
 }
 
-// unplugWait is how long update waits, beyond libvirt's own 5 s, for a
-// guest to release vCPUs being unplugged.
-var unplugWait = 30 * time.Second
-
-// waitVCPUs waits up to unplugWait for the domain to have n vCPUs.
-func (t *vmTask) waitVCPUs(n int) bool {
-	deadline := time.Now().Add(unplugWait)
-	for {
-		if got, err := t.h.conn.VCPUs(t.rec.Domain); err == nil && got == n {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/containerd/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -70,8 +69,8 @@ func TestUpdateResourcesDecodes(t *testing.T) {
 	}
 }
 
-// A running VM grows and shrinks within its maximum; the domain renders
-// with room for it.
+// A running VM grows within its maximum and is never shrunk live; the
+// domain renders with room to grow.
 func TestVMTaskUpdateVCPUs(t *testing.T) {
 	f := newVMFixture(t)
 	vt := f.started()
@@ -85,14 +84,16 @@ func TestVMTaskUpdateVCPUs(t *testing.T) {
 	if n, _ := f.fake.VCPUs(vt.rec.Domain); n != 2 || vt.vcpus != 2 {
 		t.Errorf("after 1.5 CPUs: domain has %d vCPUs, task says %d; want 2", n, vt.vcpus)
 	}
-	if err := vt.update(ctx, cpuResources(100000)); err != nil {
-		t.Fatal(err)
+	// Removing vCPUs is refused before anything is asked of libvirt.
+	calls := len(f.fake.called())
+	if err := vt.update(ctx, cpuResources(100000)); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "linux.resources.cpu") {
+		t.Errorf("shrink to 1 vCPU: %v, want FailedPrecondition naming linux.resources.cpu", err)
 	}
-	if n, _ := f.fake.VCPUs(vt.rec.Domain); n != 1 {
-		t.Errorf("after 1 CPU: %d vCPUs", n)
+	if n, _ := f.fake.VCPUs(vt.rec.Domain); n != 2 || vt.vcpus != 2 || len(f.fake.called()) != calls {
+		t.Errorf("after a refused shrink: domain %d vCPUs, task %d, calls %v; want 2, 2, none", n, vt.vcpus, f.fake.called()[calls:])
 	}
 	// No CPU limit and the same memory: nothing changes, nothing is asked.
-	calls := len(f.fake.called())
+	calls = len(f.fake.called())
 	if err := vt.update(ctx, &specs.LinuxResources{}); err != nil || len(f.fake.called()) != calls {
 		t.Errorf("empty update: %v, calls %v", err, f.fake.called()[calls:])
 	}
@@ -138,66 +139,15 @@ func TestVMTaskUpdateRefused(t *testing.T) {
 	}
 }
 
-// libvirt stops waiting for a guest to release a vCPU after 5 s; a slower
-// guest that releases it later completes the resize.
-func TestVMTaskUpdateSlowUnplug(t *testing.T) {
-	unplugWait = 100 * time.Millisecond
-	t.Cleanup(func() { unplugWait = 30 * time.Second })
+// A plug that libvirt fails puts the VM back as it was.
+func TestVMTaskUpdateFailedPlug(t *testing.T) {
 	f := newVMFixture(t)
 	vt := f.started()
-	ctx := context.Background()
-	if err := vt.update(ctx, cpuResources(200000)); err != nil {
-		t.Fatal(err)
-	}
-	f.fake.lateErr = errors.New("vcpu unplug request timed out")
-	if err := vt.update(ctx, cpuResources(100000)); err != nil || vt.vcpus != 1 {
-		t.Errorf("unplug the guest completed late: %v, task has %d vCPUs", err, vt.vcpus)
-	}
-	// A guest that never releases the vCPU: FailedPrecondition, unchanged.
-	f.fake.lateErr = nil
-	if err := vt.update(ctx, cpuResources(200000)); err != nil {
-		t.Fatal(err)
-	}
-	f.fake.vcpuErr = errors.New("vcpu unplug request timed out")
-	if err := vt.update(ctx, cpuResources(100000)); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "did not release") || vt.vcpus != 2 {
-		t.Errorf("unplug the guest refused: %v, task has %d vCPUs; want FailedPrecondition and 2", err, vt.vcpus)
-	}
-	f.fake.vcpuErr = nil
-	if err := vt.update(ctx, cpuResources(100000)); err != nil {
-		t.Fatal(err)
-	}
 	f.fake.lateErr = errors.New("vcpu plug failed")
-	// Growing never waits: libvirt's error stands and the VM is put back.
-	if err := vt.update(ctx, cpuResources(200000)); err == nil || vt.vcpus != 1 {
+	if err := vt.update(context.Background(), cpuResources(200000)); err == nil || vt.vcpus != 1 {
 		t.Errorf("plug that failed: %v, task has %d vCPUs", err, vt.vcpus)
 	}
-}
-
-// A guest that completes an unplug after the resize gave up: the next
-// update starts from the VM's live vCPUs.
-func TestVMTaskUpdateAfterLateUnplug(t *testing.T) {
-	unplugWait = 50 * time.Millisecond
-	t.Cleanup(func() { unplugWait = 30 * time.Second })
-	f := newVMFixture(t)
-	vt := f.started()
-	ctx := context.Background()
-	if err := vt.update(ctx, cpuResources(200000)); err != nil {
-		t.Fatal(err)
-	}
-	f.fake.vcpuErr = errors.New("vcpu unplug request timed out")
-	if err := vt.update(ctx, cpuResources(100000)); !errdefs.IsFailedPrecondition(err) {
-		t.Fatalf("shrink the guest did not complete: %v", err)
-	}
-	f.fake.vcpuErr = nil
-	// The guest releases the vCPU later.
-	f.fake.mu.Lock()
-	f.fake.doms[vt.rec.Domain].vcpus = 1
-	f.fake.mu.Unlock()
-	calls := len(f.fake.called())
-	if err := vt.update(ctx, cpuResources(100000)); err != nil || vt.vcpus != 1 {
-		t.Errorf("update to the live size: %v, task has %d vCPUs", err, vt.vcpus)
-	}
-	if got := f.fake.called()[calls:]; len(got) != 0 {
-		t.Errorf("update to the size the VM already has asked libvirt: %v", got)
+	if n, _ := f.fake.VCPUs(vt.rec.Domain); n != 1 {
+		t.Errorf("after a failed plug the domain has %d vCPUs, want 1", n)
 	}
 }

@@ -29,10 +29,9 @@ import (
 // memory). The overhead is what the pod needs above guest RAM.
 //
 // Resize: a 1-vCPU VM that may grow to 2 is resized through CRI
-// UpdateContainerResources, 1 -> 2 and back, runs times; the time is from
-// the call until the guest reports its CPUs (KVM-GUEST-CPUS on its
-// console). A shrink the guest does not complete is counted, and the next
-// run starts with a new VM.
+// UpdateContainerResources from 1 to 2, runs times, each on a new VM (the
+// shim never removes vCPUs live); the time is from the call until the
+// guest reports its CPUs (KVM-GUEST-CPUS on its console).
 
 // overheadSizes are the VM sizes measured: MiB of guest RAM and vCPUs.
 var overheadSizes = []struct{ memMiB, vcpus int }{{512, 1}, {2048, 2}}
@@ -60,12 +59,7 @@ type overheadResult struct {
 
 type resizeResult struct {
 	Flavour string  `json:"flavour"`
-	Grow    Summary `json:"grow_1_to_2"`   // UpdateContainerResources to the guest seeing CPU 1 online
-	Shrink  Summary `json:"shrink_2_to_1"` // UpdateContainerResources to the guest seeing CPU 1 gone
-	// ShrinkFailed counts shrinks that failed (the guest did not release
-	// the vCPU), with the last error.
-	ShrinkFailed int    `json:"shrink_failed"`
-	ShrinkError  string `json:"shrink_error,omitempty"`
+	Grow    Summary `json:"grow_1_to_2"` // UpdateContainerResources to the guest seeing CPU 1 online
 }
 
 type resourcesResults struct {
@@ -288,7 +282,7 @@ func measureResize(ctx context.Context, d *daemon, h cgroup.Hierarchies, runs in
 		})
 		return err
 	}
-	var grow, shrink []float64
+	var grow []float64
 	var cid, logPath string
 	stop := func() error { return nil }
 	defer func() { retErr = errors.Join(retErr, stop()) }()
@@ -312,25 +306,13 @@ func measureResize(ctx context.Context, d *daemon, h cgroup.Hierarchies, runs in
 			return res, err
 		}
 		grow = append(grow, float64(time.Since(start).Microseconds())/1000)
-		// A guest that does not release the vCPU fails the shrink: the
-		// failure is counted and the next run starts a new VM.
-		start = time.Now()
-		if err := update(cid, 1); err != nil {
-			res.ShrinkFailed++
-			res.ShrinkError = err.Error()
-			logf("resources: run %d: 2 -> 1 vCPUs failed: %v", i, err)
-			if err := stop(); err != nil {
-				return res, err
-			}
-			cid, stop = "", func() error { return nil }
-			continue
-		}
-		if _, err := waitCPUs(ctx, logPath, "0", time.Minute); err != nil {
+		// vCPUs are never removed live: the next run starts a new VM.
+		if err := stop(); err != nil {
 			return res, err
 		}
-		shrink = append(shrink, float64(time.Since(start).Microseconds())/1000)
+		cid, stop = "", func() error { return nil }
 	}
-	res.Grow, res.Shrink = summarize(grow), summarize(shrink)
+	res.Grow = summarize(grow)
 	return res, nil
 }
 
@@ -373,6 +355,6 @@ func (r *results) buildResources() {
 	}
 	for _, z := range x.Resize {
 		r.add("resources", fmt.Sprintf("UpdateContainerResources to the guest seeing its CPUs (%s, TCG)", z.Flavour),
-			fmt.Sprintf("1 -> 2 vCPUs: %s; 2 -> 1: %s, %d failed", msRange(z.Grow), msRange(z.Shrink), z.ShrinkFailed), "", "measured")
+			"1 -> 2 vCPUs: "+msRange(z.Grow), "", "measured")
 	}
 }
