@@ -151,4 +151,3 @@ func (t *vmTask) syncVCPUsLocked(ctx context.Context, cur int) int {
 	t.mu.Unlock()
 	return n
 }
-
