@@ -153,17 +153,7 @@ func checkPagesOnNodes(t *testing.T, pid int, nodes string) {
 // cfg in it (CreateContainer, then StartContainer, like kubelet).
 func (c *containerd) startVMIn(t *testing.T, cl *criClient, name, parent string, cfg *cri.ContainerConfig) *podContainer {
 	t.Helper()
-	p := c.runPodIn(t, cl, name, "kvm", nil, parent)
-	cid, err := cl.createContainer(p, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := criCtx()
-	defer cancel()
-	if _, err := cl.Runtime.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: cid}); err != nil {
-		t.Fatal(err)
-	}
-	return &podContainer{pod: p, cid: cid, logPath: filepath.Join(p.logDir, cfg.LogPath)}
+	return cl.startContainerIn(t, c.runPodIn(t, cl, name, "kvm", nil, parent), cfg)
 }
 
 // TestCRIPodCgroup runs a VM pod through CRI with a pod cgroup parent, as

@@ -352,16 +352,7 @@ func (c *containerd) startShapeVM(t *testing.T, cl *criClient, p *pod, name, ima
 
 func (c *containerd) startContainerIn(t *testing.T, cl *criClient, p *pod, cfg *cri.ContainerConfig) *podContainer {
 	t.Helper()
-	cid, err := cl.createContainer(p, cfg)
-	if err != nil {
-		t.Fatalf("CreateContainer %s in pod %s: %v", cfg.Metadata.Name, p.config.Metadata.Name, err)
-	}
-	ctx, cancel := criCtx()
-	defer cancel()
-	if _, err := cl.Runtime.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: cid}); err != nil {
-		t.Fatalf("StartContainer %s: %v", cid, err)
-	}
-	v := &podContainer{pod: p, cid: cid, logPath: filepath.Join(p.logDir, cfg.LogPath)}
+	v := cl.startContainerIn(t, p, cfg)
 	t.Cleanup(func() {
 		if t.Failed() {
 			b, err := os.ReadFile(v.logPath)
