@@ -15,6 +15,8 @@ import (
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
 
+var netnsSeq int
+
 // twoInterfaceNetns makes a network namespace with eth0 and net1 (veths
 // whose peers live in the host namespace), each with an address, and
 // removes it when t ends.
@@ -26,7 +28,11 @@ func twoInterfaceNetns(t *testing.T) string {
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Skip("needs iproute2")
 	}
-	name := fmt.Sprintf("kvmshim-shim-%d", os.Getpid())
+	// Each call has its own names: a namespace's veths are freed
+	// asynchronously after "ip netns del", so the next test must not reuse
+	// them.
+	netnsSeq++
+	name := fmt.Sprintf("kvmshim-shim-%d-%d", os.Getpid(), netnsSeq)
 	run := func(args ...string) {
 		t.Helper()
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
@@ -36,8 +42,9 @@ func twoInterfaceNetns(t *testing.T) string {
 	run("netns", "add", name)
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
 	for i, ifc := range []string{"eth0", "net1"} {
-		peer := fmt.Sprintf("kvmshp%d-%d", os.Getpid()%100000, i)
+		peer := fmt.Sprintf("kvshp%d-%d-%d", os.Getpid()%100000, netnsSeq%100, i)
 		run("link", "add", peer, "type", "veth", "peer", "name", ifc, "netns", name)
+		t.Cleanup(func() { _ = exec.Command("ip", "link", "del", peer).Run() })
 		run("-n", name, "addr", "add", fmt.Sprintf("10.%d.0.5/24", 70+i), "dev", ifc)
 		run("-n", name, "link", "set", ifc, "up")
 	}
