@@ -16,6 +16,7 @@ type domainXML struct {
 	Name          string            `xml:"name"`
 	UUID          string            `xml:"uuid"`
 	Metadata      *metadataXML      `xml:"metadata,omitempty"`
+	MaxMemory     *maxMemoryXML     `xml:"maxMemory,omitempty"`
 	Memory        sizeXML           `xml:"memory"`
 	MemoryBacking *memoryBackingXML `xml:"memoryBacking,omitempty"`
 	VCPU          vcpuXML           `xml:"vcpu"`
@@ -154,14 +155,15 @@ type clockXML struct {
 }
 
 type devicesXML struct {
-	Emulator    string          `xml:"emulator"`
-	Disks       []diskXML       `xml:"disk"`
-	Controllers []controllerXML `xml:"controller"`
-	Filesystems []filesystemXML `xml:"filesystem"`
-	Serials     []serialXML     `xml:"serial"`
-	Channels    []channelXML    `xml:"channel"`
-	RNGs        []rngXML        `xml:"rng"`
-	MemBalloon  *memBalloonXML  `xml:"memballoon,omitempty"`
+	Emulator    string            `xml:"emulator"`
+	Disks       []diskXML         `xml:"disk"`
+	Controllers []controllerXML   `xml:"controller"`
+	Filesystems []filesystemXML   `xml:"filesystem"`
+	Serials     []serialXML       `xml:"serial"`
+	Channels    []channelXML      `xml:"channel"`
+	RNGs        []rngXML          `xml:"rng"`
+	Memories    []memoryDeviceXML `xml:"memory"`
+	MemBalloon  *memBalloonXML    `xml:"memballoon,omitempty"`
 }
 
 type diskXML struct {

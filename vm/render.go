@@ -27,6 +27,7 @@ var configurators = []configurator{
 	configureAgentChannel,
 	configureDevices,
 	configureHotplug,
+	configureMemoryHotplug,
 }
 
 // Render validates the spec and returns the libvirt domain XML for it.

@@ -118,7 +118,18 @@ func goldenCases() map[string]Spec {
 	volumesCells := volumesNUMA
 	volumesCells.HugePageKiB = 0
 
+	// Memory hot-add (virtio-mem): with vCPU hotplug on a node; on KVM
+	// with huge pages and strict NUMA; with virtiofs shares (memfd).
+	memHotplug := hotplug
+	memHotplug.MaxMemoryMiB = 2048
+	memKVM := dedicated
+	memKVM.Pinning = node.Pinning
+	memKVM.MaxMemoryMiB = 1536
+	memShares := volumes
+	memShares.MaxMemoryMiB = 1024
+
 	return map[string]Spec{
+		"hotplug-memory": memHotplug, "hotplug-memory-kvm-hugepages": memKVM, "hotplug-memory-shares": memShares,
 		"volumes": volumes, "volumes-hugepages-numa": volumesNUMA, "volumes-numa-memfd": volumesCells,
 		"configdrive-vfat": vfat, "configdrive-iso": iso,
 		"tcg-disk": tcgDisk, "kvm-kernel": kvmKernel, "escaping": hostile,

@@ -44,6 +44,9 @@ type Spec struct {
 
 	// MaxVCPUs is how many vCPUs the VM may grow to live (0: VCPUs).
 	MaxVCPUs int
+	// MaxMemoryMiB is how much memory the VM may grow to live (0:
+	// MemoryMiB): a virtio-mem device holds the difference (memory.go).
+	MaxMemoryMiB int
 	// VolumeDisks and Shares are the pod's volumes (see volumes.go);
 	// VirtiofsBinary is the virtiofsd libvirt starts for each share.
 	VolumeDisks    []VolumeDisk
@@ -140,6 +143,10 @@ func (s *Spec) Validate() error {
 		return fmt.Errorf("max vcpus %d is below the %d vCPUs the VM starts with", s.MaxVCPUs, s.VCPUs)
 	case s.MaxVCPUs > s.VCPUs && s.Pinning != nil && len(s.Pinning.VCPUPins) > 0:
 		return fmt.Errorf("a VM with pinned vCPUs cannot add vCPUs live (max vcpus %d, %d pinned)", s.MaxVCPUs, s.VCPUs)
+	case s.MaxMemoryMiB != 0 && s.MaxMemoryMiB < s.MemoryMiB:
+		return fmt.Errorf("max memory %d MiB is below the %d MiB the VM starts with", s.MaxMemoryMiB, s.MemoryMiB)
+	case HotplugMemoryMiB(s) > 0 && s.Pinning != nil && len(s.Pinning.Cells) > 1:
+		return fmt.Errorf("a VM spread over %d guest NUMA cells cannot add memory live (max memory %d MiB)", len(s.Pinning.Cells), s.MaxMemoryMiB)
 	case s.Pinning != nil && len(s.Pinning.VCPUPins) > 0 && len(s.Pinning.VCPUPins) != s.VCPUs:
 		return fmt.Errorf("%d vCPU pins for %d vCPUs", len(s.Pinning.VCPUPins), s.VCPUs)
 	}

@@ -170,7 +170,7 @@ printf '%s\n' "$KERNEL" | write_if_changed "$WORK/kernel.ref"
 # the ACPI power button driver and evdev for its /dev/input/eventN.
 EARLY_MODULES=(button evdev)
 LATE_MODULES=(virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci
-	failover net_failover virtio_net virtio_blk virtio_console fat vfat nls_cp437 nls_ascii fuse virtiofs)
+	failover net_failover virtio_net virtio_blk virtio_console fat vfat nls_cp437 nls_ascii fuse virtiofs virtio_mem)
 
 # resolve_modules NAME...: append each module to MODULES (load order) with
 # its file in MODFILE; skip built-ins; check that every dependency comes
