@@ -7,15 +7,15 @@ import (
 	"github.com/containerd/errdefs"
 )
 
-// Resize changes the vCPUs of the owner's reservation where it is, under
-// the lock: a VM resized live stays on its node. Only a node-mode VM on
-// one node can grow or shrink there (a dedicated VM's CPUs are pinned one
-// by one, a spread VM's cells are fixed); a node without room for the new
-// size is errdefs.ErrResourceExhausted, naming why, and nothing changes.
-// Mode none only records the size.
-func (s *Store) Resize(owner string, vcpus int) (Placement, error) {
-	if vcpus < 1 {
-		return Placement{}, fmt.Errorf("resize VM %s to %d vCPUs: %w", owner, vcpus, errdefs.ErrInvalidArgument)
+// Resize changes the vCPUs and memory of the owner's reservation where
+// it is, under the lock: a VM resized live stays on its node. Only a
+// node-mode VM on one node can grow or shrink there (a dedicated VM's CPUs
+// are pinned one by one, a spread VM's cells are fixed); a node without
+// room for the new size is errdefs.ErrResourceExhausted, naming why, and
+// nothing changes. Mode none only records the size.
+func (s *Store) Resize(owner string, vcpus, memMiB int) (Placement, error) {
+	if vcpus < 1 || memMiB < 1 || memMiB > maxMemoryMiB {
+		return Placement{}, fmt.Errorf("resize VM %s to %d vCPUs and %d MiB: %w", owner, vcpus, memMiB, errdefs.ErrInvalidArgument)
 	}
 	var out Placement
 	err := s.update(func(st *rawState) (bool, error) {
@@ -28,15 +28,15 @@ func (s *Store) Resize(owner string, vcpus int) (Placement, error) {
 			return false, err
 		}
 		pl := res.Placement
-		if pl.VCPUs == vcpus {
+		if pl.VCPUs == vcpus && pl.MemoryMiB == memMiB {
 			out = pl
 			return false, nil
 		}
 		switch {
 		case pl.Mode == ModeDedicated:
-			return false, fmt.Errorf("VM %s has dedicated CPUs, one per vCPU: its vCPUs cannot change live: %w", owner, errdefs.ErrFailedPrecondition)
+			return false, fmt.Errorf("VM %s has dedicated CPUs, one per vCPU: its size cannot change live: %w", owner, errdefs.ErrFailedPrecondition)
 		case len(pl.GuestNodes) > 0:
-			return false, fmt.Errorf("VM %s spans %d NUMA nodes with fixed guest cells: its vCPUs cannot change live: %w", owner, len(pl.GuestNodes), errdefs.ErrFailedPrecondition)
+			return false, fmt.Errorf("VM %s spans %d NUMA nodes with fixed guest cells: its size cannot change live: %w", owner, len(pl.GuestNodes), errdefs.ErrFailedPrecondition)
 		}
 		sums := addToSummary(st.header.Nodes, &pl, -1)
 		if pl.Mode != ModeNone && len(pl.Nodes) == 1 {
@@ -45,12 +45,12 @@ func (s *Store) Resize(owner string, vcpus int) (Placement, error) {
 			if n < 0 {
 				return false, fmt.Errorf("VM %s is on NUMA node %d, which this host no longer has: %w", owner, pl.Nodes[0], errdefs.ErrFailedPrecondition)
 			}
-			if ok, _, _ := l.fit(&l.nodes[n], pl.Mode, vcpus, int64(pl.MemoryMiB)); !ok {
-				return false, fmt.Errorf("NUMA node %d has no room for VM %s with %d vCPUs: %s: %w",
-					pl.Nodes[0], owner, vcpus, l.reasons(pl.Mode, vcpus, int64(pl.MemoryMiB)), errdefs.ErrResourceExhausted)
+			if ok, _, _ := l.fit(&l.nodes[n], pl.Mode, vcpus, int64(memMiB)); !ok {
+				return false, fmt.Errorf("NUMA node %d has no room for VM %s with %d vCPUs and %d MiB: %s: %w",
+					pl.Nodes[0], owner, vcpus, memMiB, l.reasons(pl.Mode, vcpus, int64(memMiB)), errdefs.ErrResourceExhausted)
 			}
 		}
-		pl.VCPUs = vcpus
+		pl.VCPUs, pl.MemoryMiB = vcpus, memMiB
 		res.Placement = pl
 		line, err := json.Marshal(res)
 		if err != nil {

@@ -57,6 +57,10 @@ type Config struct {
 	// unless the max-vcpus annotation says otherwise; a VM that starts
 	// with more keeps its own count. 0 adds no vCPUs live.
 	HotplugMaxVCPUs int `toml:"hotplug_max_vcpus"`
+	// HotplugMaxMemoryMiB is how much memory a VM may grow to live
+	// (virtio-mem), unless the max-memory-mib annotation says otherwise.
+	// 0 (the default) adds none: a VM gets no virtio-mem device.
+	HotplugMaxMemoryMiB int `toml:"hotplug_max_memory_mib"`
 	// MaxNetQueues caps the TAP queues (one per vCPU up to this).
 	MaxNetQueues int `toml:"max_net_queues"`
 	// VNetHdr opens the TAP with IFF_VNET_HDR so TSO and checksum offload
@@ -175,6 +179,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("max_memory_mib = %d: must be at least %d", c.MaxMemoryMiB, minMemoryMiB)
 	case c.HotplugMaxVCPUs < 0 || c.HotplugMaxVCPUs > c.MaxVCPUs:
 		return fmt.Errorf("hotplug_max_vcpus = %d: must be between 0 and max_vcpus (%d)", c.HotplugMaxVCPUs, c.MaxVCPUs)
+	case c.HotplugMaxMemoryMiB < 0 || c.HotplugMaxMemoryMiB > c.MaxMemoryMiB:
+		return fmt.Errorf("hotplug_max_memory_mib = %d: must be between 0 and max_memory_mib (%d)", c.HotplugMaxMemoryMiB, c.MaxMemoryMiB)
 	case c.DefaultVCPUs < 1 || c.DefaultVCPUs > c.MaxVCPUs:
 		return fmt.Errorf("default_vcpus = %d: must be between 1 and max_vcpus (%d)", c.DefaultVCPUs, c.MaxVCPUs)
 	case c.DefaultMemoryMiB < minMemoryMiB || c.DefaultMemoryMiB > c.MaxMemoryMiB:

@@ -27,6 +27,7 @@ type fakeDomains struct {
 	pid      int               // QEMU's pid for every domain; 0 is 4242
 	vcpuErr  error             // SetVCPUs fails with it, after plugging one vCPU
 	lateErr  error             // SetVCPUs fails with it, yet makes the change (a guest slower than libvirt waits)
+	memStuck bool              // the guest plugs no more than it has (RequestMemory times out)
 }
 
 type fakeDomain struct {
@@ -37,8 +38,9 @@ type fakeDomain struct {
 	reason   vm.StopReason
 	console  string
 	listener net.Listener
-	conns    []net.Conn // guarded by fakeDomains.mu
-	vcpus    int        // live vCPUs; 0 until SetVCPUs
+	conns    []net.Conn       // guarded by fakeDomains.mu
+	vcpus    int              // live vCPUs; 0 until SetVCPUs
+	plug     vm.PluggedMemory // the virtio-mem device
 }
 
 var _ domains = (*fakeDomains)(nil)
@@ -261,6 +263,34 @@ func (f *fakeDomains) SetVCPUs(name string, n int) error {
 		d.vcpus = n
 		return f.lateErr
 	})
+}
+
+func (f *fakeDomains) RequestMemory(name string, mib int, timeout time.Duration) (vm.PluggedMemory, error) {
+	var p vm.PluggedMemory
+	err := f.simple(fmt.Sprintf("requestmemory %d", mib), name, func(d *fakeDomain) error {
+		if !d.running {
+			return notRunning(name)
+		}
+		d.plug.RequestedMiB = mib
+		if f.memStuck && mib != d.plug.CurrentMiB {
+			p = d.plug
+			return fmt.Errorf("the guest has %d MiB plugged after %s: %w", d.plug.CurrentMiB, timeout, errdefs.ErrFailedPrecondition)
+		}
+		d.plug.CurrentMiB = mib
+		p = d.plug
+		return nil
+	})
+	return p, err
+}
+
+func (f *fakeDomains) Plugged(name string) (vm.PluggedMemory, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d, err := f.get(name)
+	if err != nil {
+		return vm.PluggedMemory{}, err
+	}
+	return d.plug, nil
 }
 
 func (f *fakeDomains) VCPUs(name string) (int, error) {

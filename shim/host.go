@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/containerd/log"
 
@@ -65,6 +66,8 @@ type domains interface {
 	vm.AgentCommander
 	SetVCPUs(name string, n int) error
 	VCPUs(name string) (int, error)
+	RequestMemory(name string, mib int, timeout time.Duration) (vm.PluggedMemory, error)
+	Plugged(name string) (vm.PluggedMemory, error)
 }
 
 var _ domains = (*vm.Conn)(nil)

@@ -74,9 +74,10 @@ func resizeTargetFrom(r *specs.LinuxResources, vcpus, memMiB int) resizeTarget {
 }
 
 // update resizes a running VM live: vCPUs are plugged up to its maximum
-// (never unplugged), and the node's NUMA reservation follows. Everything is
-// checked first; a step that fails undoes the ones before, so the VM is
-// never left half-resized. Guest memory cannot change live yet.
+// (never unplugged), hot-added memory (virtio-mem) follows the memory
+// limit between the boot memory and the maximum, and the node's NUMA
+// reservation follows both. Everything is checked first; a step that
+// fails undoes the ones before, so the VM is never left half-resized.
 func (t *vmTask) update(ctx context.Context, r *specs.LinuxResources) error {
 	t.resizeMu.Lock() // one resize at a time; mu stays free for kill and stats
 	defer t.resizeMu.Unlock()
@@ -87,16 +88,15 @@ func (t *vmTask) update(ctx context.Context, r *specs.LinuxResources) error {
 		return fmt.Errorf("resize %s: the VM is %s; only a running VM is resized live: %w", t.id, strings.ToLower(status.String()), errdefs.ErrFailedPrecondition)
 	}
 	cur = t.syncVCPUsLocked(ctx, cur)
+	mem = t.syncMemoryLocked(ctx, mem)
 	want := resizeTargetFrom(r, cur, mem)
+	if err := t.mem.checkMemory(t.id, want.memMiB); err != nil {
+		return err
+	}
 	switch {
-	case want.memMiB != mem:
-		return fmt.Errorf("resize %s: linux.resources.memory.limit asks for %d MiB of guest memory, the VM has %d MiB: memory cannot change while the VM runs (recreate the container): %w",
-			t.id, want.memMiB, mem, errdefs.ErrFailedPrecondition)
 	case want.vcpus > t.maxVCPUs:
 		return fmt.Errorf("resize %s: linux.resources.cpu asks for %d vCPUs, more than the %d the VM may grow to (annotation %s, config hotplug_max_vcpus): %w",
 			t.id, want.vcpus, t.maxVCPUs, AnnotationMaxVCPUs, errdefs.ErrInvalidArgument)
-	case want.vcpus == cur:
-		return nil
 	case want.vcpus < cur:
 		// Measured with libvirt 9.0 under TCG: the guest offlines the
 		// CPU at once, QEMU drops its thread only after libvirt stopped
@@ -104,29 +104,45 @@ func (t *vmTask) update(ctx context.Context, r *specs.LinuxResources) error {
 		// later unplug. A shrink would leave the VM half-resized.
 		return fmt.Errorf("resize %s: linux.resources.cpu asks for %d vCPUs, the VM has %d: vCPUs are not removed from a running VM (recreate the container to shrink it): %w",
 			t.id, want.vcpus, cur, errdefs.ErrFailedPrecondition)
+	case want.vcpus == cur && want.memMiB == mem:
+		return nil
 	}
-	l := log.G(ctx).WithField("vm", t.rec.Domain).WithField("from", cur).WithField("to", want.vcpus)
+	l := log.G(ctx).WithField("vm", t.rec.Domain).WithField("from", cur).WithField("to", want.vcpus).
+		WithField("fromMiB", mem).WithField("toMiB", want.memMiB)
+	var undo rollback
 	if t.rec.NUMAOwner != "" && t.h.numa != nil {
-		if _, err := t.h.numa.Resize(t.rec.NUMAOwner, want.vcpus); err != nil {
+		if _, err := t.h.numa.Resize(t.rec.NUMAOwner, want.vcpus, want.memMiB); err != nil {
 			return fmt.Errorf("resize %s: %w", t.id, err)
 		}
+		undo.add(func() {
+			if _, err := t.h.numa.Resize(t.rec.NUMAOwner, cur, mem); err != nil {
+				l.WithError(err).Warn("give back the NUMA reservation of a failed resize")
+			}
+		})
 	}
-	if err := t.h.conn.SetVCPUs(t.rec.Domain, want.vcpus); err != nil {
-		if t.rec.NUMAOwner != "" && t.h.numa != nil {
-			if _, uerr := t.h.numa.Resize(t.rec.NUMAOwner, cur); uerr != nil {
-				l.WithError(uerr).Warn("give back the NUMA reservation of a failed resize")
-			}
-		}
+	if want.vcpus != cur {
+		err := t.h.conn.SetVCPUs(t.rec.Domain, want.vcpus)
 		// libvirt may have plugged some vCPUs before it failed.
-		if n, cerr := t.h.conn.VCPUs(t.rec.Domain); cerr == nil && n != cur {
-			if rerr := t.h.conn.SetVCPUs(t.rec.Domain, cur); rerr != nil {
-				l.WithError(rerr).Warn("put back the vCPUs of a failed resize")
+		undo.add(func() {
+			if n, cerr := t.h.conn.VCPUs(t.rec.Domain); cerr == nil && n != cur {
+				if rerr := t.h.conn.SetVCPUs(t.rec.Domain, cur); rerr != nil {
+					l.WithError(rerr).Warn("put back the vCPUs of a failed resize")
+				}
 			}
+		})
+		if err != nil {
+			undo.run()
+			return fmt.Errorf("resize %s to %d vCPUs: %w", t.id, want.vcpus, err)
 		}
-		return fmt.Errorf("resize %s to %d vCPUs: %w", t.id, want.vcpus, err)
+	}
+	if plug, old := t.mem.plugFor(want.memMiB), t.mem.plugFor(mem); plug != old {
+		if err := t.setMemory(ctx, plug, old); err != nil {
+			undo.run()
+			return fmt.Errorf("resize %s to %d MiB (linux.resources.memory.limit): %w", t.id, want.memMiB, err)
+		}
 	}
 	t.mu.Lock()
-	t.vcpus = want.vcpus
+	t.vcpus, t.memMiB = want.vcpus, want.memMiB
 	t.mu.Unlock()
 	l.Info("resized VM")
 	return nil
@@ -142,7 +158,10 @@ func (t *vmTask) syncVCPUsLocked(ctx context.Context, cur int) int {
 	}
 	log.G(ctx).WithField("vm", t.rec.Domain).WithField("recorded", cur).WithField("live", n).Info("the VM's vCPUs changed after a resize gave up on them")
 	if t.rec.NUMAOwner != "" && t.h.numa != nil {
-		if _, err := t.h.numa.Resize(t.rec.NUMAOwner, n); err != nil {
+		t.mu.Lock()
+		mem := t.memMiB
+		t.mu.Unlock()
+		if _, err := t.h.numa.Resize(t.rec.NUMAOwner, n, mem); err != nil {
 			log.G(ctx).WithError(err).WithField("vm", t.rec.Domain).Warn("NUMA reservation of the VM's live vCPUs")
 		}
 	}

@@ -109,8 +109,8 @@ func TestVMTaskUpdateRefused(t *testing.T) {
 		is    func(error) bool
 		want  string
 	}{
-		"above the maximum": {res: cpuResources(500000), is: errdefs.IsInvalidArgument, want: "linux.resources.cpu"},
-		"memory":            {res: &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}}, is: errdefs.IsFailedPrecondition, want: "linux.resources.memory.limit"},
+		"above the maximum":        {res: cpuResources(500000), is: errdefs.IsInvalidArgument, want: "linux.resources.cpu"},
+		"memory without a maximum": {res: &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}}, is: errdefs.IsInvalidArgument, want: "linux.resources.memory.limit"},
 		"paused": {res: cpuResources(200000), is: errdefs.IsFailedPrecondition, want: "paused",
 			setup: func(f *vmFixture, vt *vmTask) { _ = vt.pause(context.Background()) }},
 		"libvirt fails": {res: cpuResources(300000), is: func(err error) bool { return strings.Contains(err.Error(), "guest refused") }, want: "3 vCPUs",

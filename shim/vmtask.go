@@ -42,6 +42,7 @@ type vmTask struct {
 	execs         map[string]*execProcess // guarded by mu; by exec id
 	vcpus, memMiB int                     // guarded by mu: the VM's size now
 	maxVCPUs      int                     // what vcpus may grow to live; set at create
+	mem           memorySize              // boot, maximum and block of the VM's memory; set at create
 	resizeMu      sync.Mutex              // serializes update
 }
 
@@ -65,6 +66,7 @@ type createRequest struct {
 type vmSettings struct {
 	vcpus, memMiB int
 	maxVCPUs      int // live vCPU hotplug up to this
+	maxMemMiB     int // live memory hot-add up to this
 	cmdline       string
 	numaMode      numa.Mode
 	pageKiB       uint64
@@ -94,6 +96,9 @@ func vmSettingsFrom(spec *specs.Spec, cfg Config, io stdio) (vmSettings, error) 
 	}
 	if pageMiB := int(s.pageKiB / 1024); pageMiB > 1 {
 		s.memMiB = (s.memMiB + pageMiB - 1) / pageMiB * pageMiB
+	}
+	if s.maxMemMiB, err = hotplugMaxMemoryMiB(spec, cfg, s.memMiB, s.numaMode); err != nil {
+		return s, err
 	}
 	if s.drive, err = configdrive.FromAnnotations(spec.Annotations, configdrive.Format(cfg.ConfigDriveFormat)); err != nil {
 		return s, err
@@ -220,11 +225,20 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		HugePageKiB: set.pageKiB,
 		MaxVCPUs:    set.maxVCPUs,
 	}
+	if set.maxMemMiB > set.memMiB {
+		spec.MaxMemoryMiB = set.maxMemMiB
+	}
 	if placement != nil && len(placement.VCPUPins) > 0 && set.maxVCPUs > set.vcpus {
 		// Spread over nodes: each vCPU is pinned to its guest cell.
 		log.G(ctx).WithField("vm", name).Info("VM spans NUMA nodes: no vCPUs can be added live")
 		spec.MaxVCPUs, set.maxVCPUs = 0, set.vcpus
 	}
+	if placement != nil && len(placement.Cells) > 1 && spec.MaxMemoryMiB > 0 {
+		// Its memory is split over fixed guest cells, one per node.
+		log.G(ctx).WithField("vm", name).Info("VM spans NUMA nodes: no memory can be added live")
+		spec.MaxMemoryMiB = 0
+	}
+	memSize := memorySize{bootMiB: set.memMiB, maxMiB: set.memMiB + vm.HotplugMemoryMiB(&spec), blockMiB: int(vm.MemoryBlockKiB(&spec) / 1024)}
 	gv, err := prepareVolumes(ctx, h, vols, diskSizes, vmDir, &undo)
 	if err != nil {
 		return nil, err
@@ -318,7 +332,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		WithField("vcpus", set.vcpus).WithField("memoryMiB", set.memMiB).
 		WithField("took", ph.String()).Info("defined VM")
 	return &vmTask{proc: newProc(r.id, r.bundle, r.stdio, publish), h: h, rec: rec, fdServer: fdServer, cgroup: cg,
-		vcpus: set.vcpus, memMiB: set.memMiB, maxVCPUs: max(set.maxVCPUs, set.vcpus)}, nil
+		vcpus: set.vcpus, memMiB: set.memMiB, maxVCPUs: max(set.maxVCPUs, set.vcpus), mem: memSize}, nil
 }
 
 // takeOverDomainName makes sure name is free for container id: a stopped

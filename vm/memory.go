@@ -68,9 +68,9 @@ func (k kibXML) kib() (uint64, error) {
 	return 0, fmt.Errorf("memory device size in unit %q", k.Unit)
 }
 
-// memoryBlockKiB is the virtio-mem block size of s: a huge page when
+// MemoryBlockKiB is the virtio-mem block size of s: a huge page when
 // guest memory is backed by them, else 2 MiB.
-func memoryBlockKiB(s *Spec) uint64 {
+func MemoryBlockKiB(s *Spec) uint64 {
 	return max(s.HugePageKiB, virtioMemBlockKiB)
 }
 
@@ -80,7 +80,7 @@ func HotplugMemoryMiB(s *Spec) int {
 	if s.MaxMemoryMiB <= s.MemoryMiB {
 		return 0
 	}
-	blockMiB := int(memoryBlockKiB(s) / 1024)
+	blockMiB := int(MemoryBlockKiB(s) / 1024)
 	return (s.MaxMemoryMiB - s.MemoryMiB) / blockMiB * blockMiB
 }
 
@@ -110,7 +110,7 @@ func configureMemoryHotplug(s *Spec, d *domainXML) {
 		Target: memTargetXML{
 			Size:      kibXML{Unit: "KiB", Value: uint64(size) * 1024},
 			Node:      &node,
-			Block:     kibXML{Unit: "KiB", Value: memoryBlockKiB(s)},
+			Block:     kibXML{Unit: "KiB", Value: MemoryBlockKiB(s)},
 			Requested: kibXML{Unit: "KiB", Value: 0},
 		},
 	})
