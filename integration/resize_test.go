@@ -4,10 +4,12 @@ package integration
 
 import (
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -51,10 +53,12 @@ func updateCPU(cl *criClient, cid string, cpus int64, memory int64) error {
 // TestCRIResize resizes a running VM through CRI UpdateContainerResources
 // on both containerd flavours, as kubelet's in-place pod resize does: from
 // 1 to 2 vCPUs, seen by the guest (which onlines the new CPU, as udev
-// would) without a reboot; the new vCPU thread is charged to the pod's
-// cgroup like the others. A memory change and a size above the VM's
-// maximum are refused and leave the VM as it was, and so is a shrink back
-// to 1 vCPU (vCPUs are never removed live).
+// would) without a reboot, the new vCPU thread charged to the pod's cgroup
+// like the others; then its memory from 256 to 512 MiB through virtio-mem
+// and back, seen in the guest's MemTotal. ContainerStatus reports the new
+// resources. Sizes above the VM's maximums, memory below what the guest
+// booted with, a shrink back to 1 vCPU (vCPUs are never removed live) and
+// a paused VM are refused and leave the VM as it was.
 func TestCRIResize(t *testing.T) {
 	s := requireKVM(t, "kernel", "pause")
 	h := hostCgroups(t)
@@ -62,7 +66,8 @@ func TestCRIResize(t *testing.T) {
 		parent := c.podCgroup(t, h) // removed after the pods: cleanups run last first
 		c.cleanupAfter(t)
 		cl := c.cri(t)
-		cfg := containerConfig("vm", s.images["kernel"].ref, map[string]string{"kvm.containerd.io/max-vcpus": "2"})
+		cfg := containerConfig("vm", s.images["kernel"].ref, map[string]string{
+			"kvm.containerd.io/max-vcpus": "2", "kvm.containerd.io/max-memory-mib": "512"})
 		v := c.startVMIn(t, cl, "vm-resize", parent, cfg)
 		cid := v.cid
 		if err := waitLog(v.logPath, readyLine, bootTimeout); err != nil {
@@ -76,11 +81,15 @@ func TestCRIResize(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
+		memKB, err := strconv.Atoi(mem)
+		if err != nil {
+			t.Fatalf("guest MemTotal %q: %v", mem, err)
+		}
 		_, pid, err := c.taskStatus(nsCRI, cid)
 		if err != nil {
 			t.Fatal(err)
 		}
-		memLimit := cfg.Linux.Resources.MemoryLimitInBytes
+		memLimit := cfg.Linux.Resources.MemoryLimitInBytes // 256 MiB
 
 		start := time.Now()
 		if err := updateCPU(cl, cid, 2, memLimit); err != nil {
@@ -91,40 +100,87 @@ func TestCRIResize(t *testing.T) {
 		t.Logf("1 -> 2 vCPUs: UpdateContainerResources took %v, the guest had CPU 1 online %v later", called, seen)
 		vcpuThreads(t, pid, 2)
 		checkThreadsInCgroup(t, h, pid, parent+"/"+cid)
-		if st := cl.containerStatus(t, cid); st.GetResources().GetLinux() != nil && st.Resources.Linux.CpuQuota != 200000 {
-			t.Errorf("ContainerStatus resources after the resize: cpu quota %d, want 200000", st.Resources.Linux.CpuQuota)
-		}
+		checkStatusResources(t, cl, cid, 200000, memLimit)
 
-		// Refused: above the annotation's maximum, and a memory change.
-		if err := updateCPU(cl, cid, 3, memLimit); err == nil || !strings.Contains(err.Error(), "linux.resources.cpu") {
-			t.Errorf("resize to 3 vCPUs, above max-vcpus 2: %v, want an error naming linux.resources.cpu", err)
+		// Memory: 256 -> 512 MiB, plugged by the guest's virtio_mem.
+		start = time.Now()
+		if err := updateCPU(cl, cid, 2, 2*memLimit); err != nil {
+			t.Fatalf("UpdateContainerResources to 512 MiB: %v", err)
 		}
-		if err := updateCPU(cl, cid, 2, 2*memLimit); err == nil || !strings.Contains(err.Error(), "linux.resources.memory.limit") {
-			t.Errorf("memory change: %v, want an error naming linux.resources.memory.limit", err)
+		called = time.Since(start)
+		grown := strconv.Itoa(memKB + int(memLimit>>10))
+		seen = waitGuestLine(t, v.logPath, "KVM-GUEST-MEMTOTAL", grown, time.Minute)
+		t.Logf("256 -> 512 MiB: UpdateContainerResources took %v, the guest's MemTotal was %s kB %v later", called, grown, seen)
+		checkStatusResources(t, cl, cid, 200000, 2*memLimit)
+
+		// Refused, the VM unchanged: above each maximum, memory below
+		// what the guest booted with, fewer vCPUs, a paused VM.
+		for _, r := range []struct {
+			what      string
+			cpus, mem int64
+			want      string
+		}{
+			{what: "3 vCPUs, above max-vcpus 2", cpus: 3, mem: 2 * memLimit, want: "linux.resources.cpu"},
+			{what: "768 MiB, above max-memory-mib 512", cpus: 2, mem: 3 * memLimit, want: "linux.resources.memory.limit"},
+			{what: "128 MiB, below the boot memory", cpus: 2, mem: memLimit / 2, want: "linux.resources.memory.limit"},
+			// libvirt 9.0 here loses count of a vCPU the guest released late.
+			{what: "2 -> 1 vCPUs", cpus: 1, mem: 2 * memLimit, want: "linux.resources.cpu"},
+		} {
+			if err := updateCPU(cl, cid, r.cpus, r.mem); err == nil || !strings.Contains(err.Error(), r.want) {
+				t.Errorf("%s: %v, want an error naming %s", r.what, err, r.want)
+			}
 		}
+		c.mustCtr(t, nsCRI, "task", "pause", cid)
+		if err := updateCPU(cl, cid, 2, memLimit); err == nil || !strings.Contains(err.Error(), "paused") {
+			t.Errorf("resize of a paused VM: %v, want an error saying it is paused", err)
+		}
+		c.mustCtr(t, nsCRI, "task", "resume", cid)
 		time.Sleep(time.Second)
 		if got := lastGuestLine(v.logPath, "KVM-GUEST-CPUS"); got != "0-1" {
 			t.Errorf("after refused resizes the guest has CPUs %s, want 0-1", got)
 		}
-		if got := lastGuestLine(v.logPath, "KVM-GUEST-MEMTOTAL"); got != mem {
-			t.Errorf("after refused resizes the guest has MemTotal %s kB, want %s", got, mem)
-		}
-
-		// Removing vCPUs live is refused (libvirt 9.0 here loses count of
-		// a vCPU the guest released late); the VM keeps both.
-		if err := updateCPU(cl, cid, 1, memLimit); err == nil || !strings.Contains(err.Error(), "linux.resources.cpu") {
-			t.Errorf("2 -> 1 vCPUs: %v, want a refusal naming linux.resources.cpu", err)
-		}
-		time.Sleep(time.Second)
-		if got := lastGuestLine(v.logPath, "KVM-GUEST-CPUS"); got != "0-1" {
-			t.Errorf("after a refused shrink the guest has CPUs %s, want 0-1", got)
+		if got := lastGuestLine(v.logPath, "KVM-GUEST-MEMTOTAL"); got != grown {
+			t.Errorf("after refused resizes the guest has MemTotal %s kB, want %s", got, grown)
 		}
 		vcpuThreads(t, pid, 2)
+		checkStatusResources(t, cl, cid, 200000, 2*memLimit)
+
+		// The idle guest gives the hot-added memory back (it is movable).
+		if err := updateCPU(cl, cid, 2, memLimit); err != nil {
+			t.Fatalf("UpdateContainerResources back to 256 MiB: %v", err)
+		}
+		waitGuestLine(t, v.logPath, "KVM-GUEST-MEMTOTAL", mem, time.Minute)
 
 		if err := cl.stopContainer(v); err != nil {
 			t.Fatal(err)
 		}
 		cl.removePod(t, v)
 		assertNothingLeft(t, c, v.shimIDs()...)
+	})
+}
+
+// checkStatusResources checks the resources CRI ContainerStatus reports.
+func checkStatusResources(t *testing.T, cl *criClient, cid string, quota, memory int64) {
+	t.Helper()
+	r := cl.containerStatus(t, cid).GetResources().GetLinux()
+	if r == nil {
+		t.Errorf("ContainerStatus of %s has no linux resources", cid)
+		return
+	}
+	if r.CpuQuota != quota || r.MemoryLimitInBytes != memory {
+		t.Errorf("ContainerStatus resources: cpu quota %d, memory %d; want %d, %d", r.CpuQuota, r.MemoryLimitInBytes, quota, memory)
+	}
+}
+
+// TestCRIResizeBadAnnotations: malformed resize maximums are refused at
+// create, naming the annotation.
+func TestCRIResizeBadAnnotations(t *testing.T) {
+	runCRIBadInputs(t, []badInput{
+		{name: "max-memory-mib", image: "kernel", annotations: map[string]string{"kvm.containerd.io/max-memory-mib": "2Gi"},
+			want: []string{"kvm.containerd.io/max-memory-mib"}, criCode: codes.InvalidArgument},
+		{name: "max-memory-mib-below", image: "kernel", annotations: map[string]string{"kvm.containerd.io/max-memory-mib": "100"},
+			want: []string{"kvm.containerd.io/max-memory-mib"}, criCode: codes.InvalidArgument},
+		{name: "max-vcpus", image: "kernel", annotations: map[string]string{"kvm.containerd.io/max-vcpus": "two"},
+			want: []string{"kvm.containerd.io/max-vcpus"}, criCode: codes.InvalidArgument},
 	})
 }
