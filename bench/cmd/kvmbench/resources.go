@@ -28,10 +28,12 @@ import (
 // gives what the pod is charged for (QEMU, its page tables and kernel
 // memory). The overhead is what the pod needs above guest RAM.
 //
-// Resize: a 1-vCPU VM that may grow to 2 is resized through CRI
-// UpdateContainerResources from 1 to 2, runs times, each on a new VM (the
-// shim never removes vCPUs live); the time is from the call until the
-// guest reports its CPUs (KVM-GUEST-CPUS on its console).
+// Resize: a 1-vCPU, 256 MiB VM that may grow to 2 vCPUs and 512 MiB is
+// resized through CRI UpdateContainerResources from 1 to 2 vCPUs, then
+// from 256 to 512 MiB (virtio-mem) and back, runs times, each on a new VM
+// (the shim never removes vCPUs live); each time is from the call until
+// the guest reports its CPUs or MemTotal (KVM-GUEST-CPUS and
+// KVM-GUEST-MEMTOTAL on its console).
 
 // overheadSizes are the VM sizes measured: MiB of guest RAM and vCPUs.
 var overheadSizes = []struct{ memMiB, vcpus int }{{512, 1}, {2048, 2}}
@@ -60,6 +62,10 @@ type overheadResult struct {
 type resizeResult struct {
 	Flavour string  `json:"flavour"`
 	Grow    Summary `json:"grow_1_to_2"` // UpdateContainerResources to the guest seeing CPU 1 online
+	// UpdateContainerResources to the guest's MemTotal growing by 256
+	// MiB, and back to what it booted with.
+	MemoryGrow   Summary `json:"memory_256_to_512"`
+	MemoryShrink Summary `json:"memory_512_to_256"`
 }
 
 type resourcesResults struct {
@@ -275,14 +281,14 @@ func measureResize(ctx context.Context, d *daemon, h cgroup.Hierarchies, runs in
 	}
 	defer cl.Close()
 	const memLimit = 256 << 20
-	update := func(cid string, cpus int64) error {
+	update := func(cid string, cpus, mem int64) error {
 		_, err := cl.Runtime.UpdateContainerResources(ctx, &cri.UpdateContainerResourcesRequest{
 			ContainerId: cid,
-			Linux:       &cri.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: cpus * 100000, MemoryLimitInBytes: memLimit},
+			Linux:       &cri.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: cpus * 100000, MemoryLimitInBytes: mem},
 		})
 		return err
 	}
-	var grow []float64
+	var grow, memGrow, memShrink []float64
 	var cid, logPath string
 	stop := func() error { return nil }
 	defer func() { retErr = errors.Join(retErr, stop()) }()
@@ -290,7 +296,7 @@ func measureResize(ctx context.Context, d *daemon, h cgroup.Hierarchies, runs in
 		if cid == "" { // a fresh 1-vCPU VM
 			var err error
 			if cid, logPath, _, stop, err = vmPod(ctx, d, cl, h, fmt.Sprintf("resize-%d", i), testenv.ContainerOptions{
-				MemoryLimit: memLimit, CPUs: 1, Annotations: map[string]string{"kvm.containerd.io/max-vcpus": "2"},
+				MemoryLimit: memLimit, CPUs: 1, Annotations: map[string]string{"kvm.containerd.io/max-vcpus": "2", "kvm.containerd.io/max-memory-mib": "512"},
 			}); err != nil {
 				return res, err
 			}
@@ -299,31 +305,54 @@ func measureResize(ctx context.Context, d *daemon, h cgroup.Hierarchies, runs in
 			}
 		}
 		start := time.Now()
-		if err := update(cid, 2); err != nil {
+		if err := update(cid, 2, memLimit); err != nil {
 			return res, fmt.Errorf("UpdateContainerResources to 2 CPUs: %w", err)
 		}
 		if _, err := waitCPUs(ctx, logPath, "0-1", time.Minute); err != nil {
 			return res, err
 		}
 		grow = append(grow, float64(time.Since(start).Microseconds())/1000)
+		bootKB, err := strconv.Atoi(lastConsoleValue(logPath, "KVM-GUEST-MEMTOTAL "))
+		if err != nil {
+			return res, fmt.Errorf("guest MemTotal: %w", err)
+		}
+		for _, step := range []struct {
+			mem  int64
+			kB   int
+			into *[]float64
+		}{{2 * memLimit, bootKB + memLimit>>10, &memGrow}, {memLimit, bootKB, &memShrink}} {
+			start := time.Now()
+			if err := update(cid, 2, step.mem); err != nil {
+				return res, fmt.Errorf("UpdateContainerResources to %d MiB: %w", step.mem>>20, err)
+			}
+			if _, err := waitConsoleValue(ctx, logPath, "KVM-GUEST-MEMTOTAL ", strconv.Itoa(step.kB), time.Minute); err != nil {
+				return res, err
+			}
+			*step.into = append(*step.into, float64(time.Since(start).Microseconds())/1000)
+		}
 		// vCPUs are never removed live: the next run starts a new VM.
 		if err := stop(); err != nil {
 			return res, err
 		}
 		cid, stop = "", func() error { return nil }
 	}
-	res.Grow = summarize(grow)
+	res.Grow, res.MemoryGrow, res.MemoryShrink = summarize(grow), summarize(memGrow), summarize(memShrink)
 	return res, nil
 }
 
 // waitCPUs waits until the guest's last KVM-GUEST-CPUS line is want.
 func waitCPUs(ctx context.Context, logPath, want string, timeout time.Duration) (string, error) {
+	return waitConsoleValue(ctx, logPath, "KVM-GUEST-CPUS ", want, timeout)
+}
+
+// waitConsoleValue waits until the guest's last "<prefix>" line is want.
+func waitConsoleValue(ctx context.Context, logPath, prefix, want string, timeout time.Duration) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var got string
 	err := testenv.Poll(ctx, 10*time.Millisecond, func() (bool, string) {
-		got = lastConsoleValue(logPath, "KVM-GUEST-CPUS ")
-		return got == want, "guest CPUs " + got + ", want " + want
+		got = lastConsoleValue(logPath, prefix)
+		return got == want, "guest " + prefix + got + ", want " + want
 	})
 	return got, err
 }
@@ -356,5 +385,9 @@ func (r *results) buildResources() {
 	for _, z := range x.Resize {
 		r.add("resources", fmt.Sprintf("UpdateContainerResources to the guest seeing its CPUs (%s, TCG)", z.Flavour),
 			"1 -> 2 vCPUs: "+msRange(z.Grow), "", "measured")
+		if z.MemoryGrow.N > 0 {
+			r.add("resources", fmt.Sprintf("UpdateContainerResources to the guest seeing its memory, virtio-mem (%s, TCG)", z.Flavour),
+				"256 -> 512 MiB: "+msRange(z.MemoryGrow)+"; 512 -> 256 MiB: "+msRange(z.MemoryShrink), "", "measured")
+		}
 	}
 }
