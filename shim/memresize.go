@@ -3,8 +3,6 @@ package shim
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/containerd/containerd/errdefs"
@@ -27,21 +25,7 @@ const memoryPlugTimeout = 20 * time.Second
 // annotation, else the config's hotplug_max_memory_mib, never below
 // memMiB. A dedicated VM's reservation cannot change live.
 func hotplugMaxMemoryMiB(spec *specs.Spec, cfg Config, memMiB int, mode numa.Mode) (int, error) {
-	v, ok := spec.Annotations[AnnotationMaxMemory]
-	if !ok {
-		if mode == numa.ModeDedicated {
-			return memMiB, nil
-		}
-		return max(memMiB, cfg.HotplugMaxMemoryMiB), nil
-	}
-	n, err := strconv.Atoi(strings.TrimSpace(v))
-	if err != nil || n < memMiB || n > cfg.MaxMemoryMiB {
-		return 0, fmt.Errorf("annotation %s = %q: want a whole number of MiB from the VM's %d MiB to max_memory_mib %d: %w", AnnotationMaxMemory, v, memMiB, cfg.MaxMemoryMiB, errdefs.ErrInvalidArgument)
-	}
-	if n > memMiB && mode == numa.ModeDedicated {
-		return 0, fmt.Errorf("annotation %s = %q: a VM in numa-mode dedicated cannot add memory live: %w", AnnotationMaxMemory, v, errdefs.ErrInvalidArgument)
-	}
-	return n, nil
+	return hotplugMax(spec, hotplugLimit{AnnotationMaxMemory, "MiB", "max_memory_mib", cfg.MaxMemoryMiB, cfg.HotplugMaxMemoryMiB}, memMiB, mode)
 }
 
 // memorySize is a VM's memory as resize sees it: what it booted with, in

@@ -24,19 +24,34 @@ const AnnotationMaxVCPUs = "kvm.containerd.io/max-vcpus"
 // annotation, else the config's hotplug_max_vcpus, never below vcpus. A
 // dedicated VM pins each vCPU to its own host CPU and cannot grow.
 func hotplugMaxVCPUs(spec *specs.Spec, cfg Config, vcpus int, mode numa.Mode) (int, error) {
-	v, ok := spec.Annotations[AnnotationMaxVCPUs]
+	return hotplugMax(spec, hotplugLimit{AnnotationMaxVCPUs, "vCPUs", "max_vcpus", cfg.MaxVCPUs, cfg.HotplugMaxVCPUs}, vcpus, mode)
+}
+
+// hotplugLimit is one resource a VM may grow live: its annotation, its
+// unit, and the config's bound and default.
+type hotplugLimit struct {
+	annotation, unit, boundKey string
+	bound, def                 int
+}
+
+// hotplugMax is the most of a resource a VM starting with cur may have
+// live: the annotation (a whole number from cur to the bound), else the
+// config's default, never below cur. A dedicated VM's reservation cannot
+// change live, so it gets cur.
+func hotplugMax(spec *specs.Spec, l hotplugLimit, cur int, mode numa.Mode) (int, error) {
+	v, ok := spec.Annotations[l.annotation]
 	if !ok {
 		if mode == numa.ModeDedicated {
-			return vcpus, nil
+			return cur, nil
 		}
-		return max(vcpus, cfg.HotplugMaxVCPUs), nil
+		return max(cur, l.def), nil
 	}
 	n, err := strconv.Atoi(strings.TrimSpace(v))
-	if err != nil || n < vcpus || n > cfg.MaxVCPUs {
-		return 0, fmt.Errorf("annotation %s = %q: want a whole number from the VM's %d vCPUs to max_vcpus %d: %w", AnnotationMaxVCPUs, v, vcpus, cfg.MaxVCPUs, errdefs.ErrInvalidArgument)
+	if err != nil || n < cur || n > l.bound {
+		return 0, fmt.Errorf("annotation %s = %q: want a whole number from the VM's %d %s to %s %d: %w", l.annotation, v, cur, l.unit, l.boundKey, l.bound, errdefs.ErrInvalidArgument)
 	}
-	if n > vcpus && mode == numa.ModeDedicated {
-		return 0, fmt.Errorf("annotation %s = %q: a VM in numa-mode dedicated cannot add vCPUs live: %w", AnnotationMaxVCPUs, v, errdefs.ErrInvalidArgument)
+	if n > cur && mode == numa.ModeDedicated {
+		return 0, fmt.Errorf("annotation %s = %q: a VM in numa-mode dedicated cannot grow its %s live: %w", l.annotation, v, l.unit, errdefs.ErrInvalidArgument)
 	}
 	return n, nil
 }
