@@ -89,6 +89,9 @@ func TestVMTaskUpdateMemory(t *testing.T) {
 	if p, _ := f.fake.Plugged(vt.rec.Domain); p.CurrentMiB != 188 || vt.memMiB != 700 {
 		t.Errorf("after 700 MiB: %d MiB plugged, task says %d MiB", p.CurrentMiB, vt.memMiB)
 	}
+	if st, err := vt.stats(ctx); err != nil || st.MemoryBytes != 700<<20 {
+		t.Errorf("stats after 700 MiB: memory %d MiB, %v; want the boot 512 + 188 plugged", st.MemoryBytes>>20, err)
+	}
 	// vCPUs and memory together.
 	res := memResources(1536)
 	res.CPU = cpuResources(200000).CPU

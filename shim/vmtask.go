@@ -658,6 +658,13 @@ func (t *vmTask) stats(ctx context.Context) (vm.Stats, error) {
 		// quietly; FailedPrecondition it logs as an error on every exit).
 		return vm.Stats{}, fmt.Errorf("stats %s: the VM is not running (%v): %w", t.id, err, errdefs.ErrNotFound)
 	}
+	if err == nil && t.mem.maxMiB > t.mem.bootMiB {
+		// libvirt counts the whole virtio-mem device as the guest's
+		// memory; the guest has its boot memory and what is plugged.
+		t.mu.Lock()
+		st.MemoryBytes = uint64(t.mem.bootMiB+t.mem.plugFor(t.memMiB)) * mib
+		t.mu.Unlock()
+	}
 	return st, err
 }
 
