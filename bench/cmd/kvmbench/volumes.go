@@ -232,7 +232,7 @@ func runVolumes(ctx context.Context, e *env) (_ *volumesResults, retErr error) {
 					break
 				}
 				target = "disk:" + volumeSerial
-				out, err = raw.run(ctx, l, e.rawDir, i, loop, res.iobenchArg(target))
+				out, err = raw.run(ctx, l, h, e.rawDir, i, loop, res.iobenchArg(target))
 			case "c":
 				target = "dir:" + volumeSharePath
 				out, _, err = volumePodRun(ctx, d, e, h, l, "volumes-c", i, res.iobenchArg(target), testenv.ContainerOptions{
@@ -484,8 +484,13 @@ func (vm *rawVolumeVM) domainXML(name, uuid, dev, consoleLog, cmdline string) ([
 }
 
 // run boots the raw domain on the block device, waits for the guest's
-// figures, and destroys and undefines it.
-func (vm *rawVolumeVM) run(ctx context.Context, l *libvirt.Libvirt, rawDir string, i int, dev, iobench string) (_ string, retErr error) {
+// figures, and destroys and undefines it. Its QEMU runs in a cgroup of
+// its own below /kvmbench, beside the pods' (a pod's QEMU is in its
+// container's cgroup), joined while the domain is paused: this host's
+// libvirt leaves the cpu controller alone, so QEMU would otherwise stay in
+// the root cpu cgroup, where each of its threads weighs as much as a whole
+// pod group when other users load the cores.
+func (vm *rawVolumeVM) run(ctx context.Context, l *libvirt.Libvirt, h cgroup.Hierarchies, rawDir string, i int, dev, iobench string) (_ string, retErr error) {
 	name := fmt.Sprintf("kvmbench-vol-%d-%d", os.Getpid(), i)
 	runDir := filepath.Join(rawDir, fmt.Sprintf("volumes-run-%d", i))
 	if err := os.MkdirAll(runDir, 0o755); err != nil {
@@ -505,8 +510,33 @@ func (vm *rawVolumeVM) run(ctx context.Context, l *libvirt.Libvirt, rawDir strin
 		_ = l.DomainDestroy(dom)
 		retErr = errors.Join(retErr, l.DomainUndefine(dom))
 	}()
-	if err := l.DomainCreate(dom); err != nil {
+	if _, err := l.DomainCreateWithFlags(dom, uint32(libvirt.DomainStartPaused)); err != nil {
 		return "", fmt.Errorf("create: %w", err)
+	}
+	g, err := h.Group("/kvmbench/" + name)
+	if err != nil {
+		return "", err
+	}
+	if _, err := g.Create(); err != nil {
+		return "", err
+	}
+	defer func() {
+		_ = l.DomainDestroy(dom) // before the group goes: it must be empty
+		retErr = errors.Join(retErr, g.Remove())
+	}()
+	pid, err := os.ReadFile(filepath.Join("/run/libvirt/qemu", name+".pid"))
+	if err != nil {
+		return "", fmt.Errorf("QEMU's pid: %w", err)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(pid)))
+	if err != nil {
+		return "", fmt.Errorf("QEMU's pid file: %q", pid)
+	}
+	if err := g.Join(n); err != nil {
+		return "", err
+	}
+	if err := l.DomainResume(dom); err != nil {
+		return "", fmt.Errorf("resume: %w", err)
 	}
 	return waitIO(ctx, func() string { return consoleLog })
 }
@@ -520,7 +550,7 @@ func (r *results) buildVolumes() {
 	}
 	r.Notes = append(r.Notes, fmt.Sprintf("Volumes: measured in the guest by hack/guest/iobench (a static Go program in the test initramfs, started by /init from kvm-guest.iobench= on the kernel command line): per run, %d MiB written then read in 1 MiB blocks, then %d random 4 KiB writes and %d random 4 KiB reads at aligned offsets in those %d MiB (the same offsets on every target), O_DIRECT where the target takes it (mode direct; else through the guest's page cache with the caches dropped before reads: mode cached), writes ended by fdatasync and timed with it. "+
 		"%d VMs per variant, run interleaved (a, b, c per round), %d runs each; a variant's medians and ranges are over all its runs, a ratio is taken per round (the median of one variant's runs in that round over the other's) and given as the median and range over the rounds. The loop device's file and the shared directory are on the host's disk file system (/var/tmp), written in full before the first run. "+
-		"(a) and (c): CRI pods on containerd %s (kernel command line by the kvm.containerd.io/kernel-cmdline annotation); (b): a domain written by hand with go-libvirt: the (a) VM's kernel, initrd, memory and vCPUs, one <disk type='block'> with cache=none io=native on the same loop device, a serial console into a file, nothing else. "+
+		"(a) and (c): CRI pods on containerd %s (kernel command line by the kvm.containerd.io/kernel-cmdline annotation); (b): a domain written by hand with go-libvirt: the (a) VM's kernel, initrd, memory and vCPUs, one <disk type='block'> with cache=none io=native on the same loop device, a serial console into a file, nothing else; its QEMU joins a cgroup of its own beside the pods' before it runs (libvirt here manages no cpu controller: in the root cpu cgroup each QEMU thread would weigh as much as a whole pod's group when other users load the cores). "+
 		"Every guest boots with kvm-guest.agent=off (no QEMU guest agent: (b) has no channel for it), so the same guest processes share the one emulated vCPU with the benchmark. The loop device is buffered (losetup's default): the figures are the virtualization path's over the host page cache, not the host disk's. Under TCG the guest's emulated CPU bounds every figure.",
 		x.MiB, x.Ops, x.Ops, x.MiB, x.VMs, x.InnerRuns, x.Flavour))
 	byKey := map[string]*ioVariant{}
