@@ -58,7 +58,7 @@ demo: setup-demo install images ## Set up, install, start containerd and boot th
 setup-demo: # the demo runs Debian's containerd 1.6 only: no containerd 2.x build
 	SETUP_CONTAINERD2=0 hack/setup-host.sh
 
-bench: setup build images ## Start latency, time to userspace, shim memory, density vs raw libvirt and runc (writes bench/results)
+bench: setup build images ## Start latency, time to userspace, shim memory, density vs raw libvirt and runc, volume I/O vs a raw libvirt disk (writes bench/results)
 	$(GO) run ./bench/cmd/kvmbench
 
 bench-net: setup build images ## TCP throughput: our TAP with and without IFF_VNET_HDR vs a libvirt bridge TAP

@@ -165,6 +165,21 @@ restart_libvirtd() {
 	exec {lockfd}>&-
 }
 
+# mount_hugetlb_cgroup mounts the cgroup v1 hugetlb controller when the
+# kernel has it and nothing mounted it (systemd does; this host has no
+# systemd). Without it containerd's CRI drops a container's huge page limits
+# with only a warning in its own log (tolerate_missing_hugetlb_controller,
+# true by default), so the shim never learns that a pod asked for huge pages
+# and backs the VM with ordinary memory.
+mount_hugetlb_cgroup() {
+	[ "$(stat -fc %T /sys/fs/cgroup)" = cgroup2fs ] && return 0
+	awk '$1 == "hugetlb" && $4 == 1 { found = 1 } END { exit !found }' /proc/cgroups || return 0
+	awk '$3 == "cgroup" && $4 ~ /(^|,)hugetlb(,|$)/ { found = 1 } END { exit !found }' /proc/mounts && return 0
+	log "mounting the hugetlb cgroup controller on /sys/fs/cgroup/hugetlb"
+	mkdir -p /sys/fs/cgroup/hugetlb
+	mount -t cgroup -o hugetlb cgroup /sys/fs/cgroup/hugetlb
+}
+
 build_containerd2() {
 	if [ -x "$CONTAINERD2_BIN/containerd" ] && [ -x "$CONTAINERD2_BIN/ctr" ] &&
 		[ -x "$CONTAINERD2_BIN/containerd-shim-runc-v2" ] &&
@@ -182,6 +197,7 @@ build_containerd2() {
 }
 
 install_packages
+mount_hugetlb_cgroup
 cgroups_changed=$(configure_libvirt_cgroups)
 start_daemon virtlogd
 if [ -n "$cgroups_changed" ]; then

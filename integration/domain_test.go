@@ -39,6 +39,17 @@ type domain struct {
 			CPUSet string `xml:"cpuset,attr"`
 		} `xml:"emulatorpin"`
 	} `xml:"cputune"`
+	MemoryBacking *struct {
+		Pages []struct {
+			Size int `xml:"size,attr"` // KiB
+		} `xml:"hugepages>page"`
+		Source struct {
+			Type string `xml:"type,attr"`
+		} `xml:"source"`
+		Access struct {
+			Mode string `xml:"mode,attr"`
+		} `xml:"access"`
+	} `xml:"memoryBacking"`
 	NUMATune *struct {
 		Memory struct {
 			Mode    string `xml:"mode,attr"`

@@ -79,10 +79,17 @@ func configurePlatform(s *Spec, d *domainXML) {
 
 // configurePinning binds vCPUs, emulator threads and memory to the host
 // CPUs and NUMA nodes the placement chose, and backs memory with huge
-// pages when asked.
+// pages when asked. Huge pages come from memfd (QEMU's
+// memory-backend-memfd with hugetlb=on): libvirt's file backing needs a
+// hugetlbfs mount that libvirtd found when it started, which this
+// project's hosts do not have ("hugetlbfs filesystem is not mounted"
+// from libvirt 9.0 here), and memfd is what virtiofs shares need anyway.
 func configurePinning(s *Spec, d *domainXML) {
 	if s.HugePageKiB > 0 {
-		d.MemoryBacking = &memoryBackingXML{HugePages: &hugePagesXML{Page: pageXML{Size: s.HugePageKiB, Unit: "KiB"}}}
+		d.MemoryBacking = &memoryBackingXML{
+			HugePages: &hugePagesXML{Page: pageXML{Size: s.HugePageKiB, Unit: "KiB"}},
+			Source:    &memorySourceXML{Type: "memfd"},
+		}
 	}
 	p := s.Pinning
 	if p == nil {

@@ -118,8 +118,8 @@ func configureVolumeDisks(s *Spec, d *domainXML) {
 
 // configureShares adds one virtiofs device per share, each served by its
 // own virtiofsd that libvirt starts. virtiofs needs guest memory QEMU can
-// share with virtiofsd: memfd, or the huge pages already chosen (which
-// only need shared access). libvirt 9.0 refuses <readonly/> for virtiofs:
+// share with virtiofsd: memfd (of huge pages when configurePinning chose
+// them) with shared access. libvirt 9.0 refuses <readonly/> for virtiofs:
 // a read-only share's Source is a read-only bind mount the caller made.
 func configureShares(s *Spec, d *domainXML) {
 	if len(s.Shares) == 0 {
@@ -128,9 +128,7 @@ func configureShares(s *Spec, d *domainXML) {
 	if d.MemoryBacking == nil {
 		d.MemoryBacking = &memoryBackingXML{}
 	}
-	if d.MemoryBacking.HugePages == nil {
-		d.MemoryBacking.Source = &memorySourceXML{Type: "memfd"}
-	}
+	d.MemoryBacking.Source = &memorySourceXML{Type: "memfd"}
 	d.MemoryBacking.Access = &memoryAccessXML{Mode: "shared"}
 	for _, sh := range s.Shares {
 		d.Devices.Filesystems = append(d.Devices.Filesystems, filesystemXML{

@@ -114,6 +114,10 @@ type ContainerOptions struct {
 	MemoryLimit int64
 	// CPUs sets a CPU limit (quota over a 100 ms period); 0 sets none.
 	CPUs int64
+	// Devices and Mounts are the container's volumes as kubelet passes
+	// them: raw block volumes and filesystem volumes.
+	Devices []*cri.Device
+	Mounts  []*cri.Mount
 }
 
 // LogPath is where CRI writes the container's log (for a VM: its console).
@@ -134,6 +138,8 @@ func (cl *CRI) CreateContainer(ctx context.Context, p *Pod, o ContainerOptions) 
 		LogPath:     filepath.Join(o.Name, "0.log"),
 		Annotations: o.Annotations,
 		Linux:       &cri.LinuxContainerConfig{Resources: &cri.LinuxContainerResources{MemoryLimitInBytes: o.MemoryLimit}},
+		Devices:     o.Devices,
+		Mounts:      o.Mounts,
 	}
 	if o.CPUs > 0 {
 		cfg.Linux.Resources.CpuPeriod, cfg.Linux.Resources.CpuQuota = 100000, o.CPUs*100000

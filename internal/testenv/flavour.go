@@ -60,7 +60,12 @@ func FlavourNames() []string {
 // oom_score_adj values, and CRI gives sandboxes -998, which made runc fail
 // with "can't get final child's PID from pipe: EOF". It declares the runc
 // runtime: containerd 1.6's CRI refuses to load when a config declares
-// runtimes.kvm without the default runtime.
+// runtimes.kvm without the default runtime. It sets
+// disable_hugetlb_controller = false: containerd's default (true) drops a
+// container's huge page limits from the OCI spec without a word, so the
+// shim would never see that a pod asked for huge pages (with false, CRI
+// passes them when the hugetlb cgroup controller is mounted, and drops them
+// with a warning when it is not).
 
 // config is the daemon's config, rendered with configData. Version 2
 // (containerd 1.6) keeps all of CRI in io.containerd.grpc.v1.cri; version 3
@@ -96,6 +101,7 @@ imports = []
 {{- if eq .ConfigVersion 2}}
     sandbox_image = {{q .SandboxImage}}
     restrict_oom_score_adj = true
+    disable_hugetlb_controller = false
 {{- end}}
     stream_server_address = "127.0.0.1"
     stream_server_port = "0"
@@ -108,6 +114,7 @@ imports = []
   [plugins."io.containerd.cri.v1.runtime"]
     netns_mounts_under_state_dir = true
     restrict_oom_score_adj = true
+    disable_hugetlb_controller = false
 {{- end}}
 
     [{{.CRIRuntime}}.cni]

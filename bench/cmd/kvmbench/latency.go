@@ -381,18 +381,7 @@ func captureTemplate(ctx context.Context, l *libvirt.Libvirt, d *daemon, rawDir 
 	if err := waitTask(ctx, tasks, id, "RUNNING"); err != nil {
 		return nil, err
 	}
-	doms, err := testenv.DomainsMentioning(l, d.ShimStateDir)
-	if err != nil {
-		return nil, err
-	}
-	if len(doms) != 1 {
-		return nil, fmt.Errorf("want one domain of the shim, found %v", doms)
-	}
-	dom, err := l.DomainLookupByName(doms[0])
-	if err != nil {
-		return nil, err
-	}
-	xml, err := l.DomainGetXMLDesc(dom, libvirt.DomainXMLInactive)
+	xml, err := onlyShimDomainXML(l, d)
 	if err != nil {
 		return nil, err
 	}
@@ -410,6 +399,22 @@ func captureTemplate(ctx context.Context, l *libvirt.Libvirt, d *daemon, rawDir 
 		return nil, err
 	}
 	return &baseline{l: l, template: tmpl, rawDir: rawDir}, nil
+}
+
+// onlyShimDomainXML returns the inactive XML of the one domain of d's shim.
+func onlyShimDomainXML(l *libvirt.Libvirt, d *daemon) (string, error) {
+	doms, err := testenv.DomainsMentioning(l, d.ShimStateDir)
+	if err != nil {
+		return "", err
+	}
+	if len(doms) != 1 {
+		return "", fmt.Errorf("want one domain of the shim, found %v", doms)
+	}
+	dom, err := l.DomainLookupByName(doms[0])
+	if err != nil {
+		return "", err
+	}
+	return l.DomainGetXMLDesc(dom, libvirt.DomainXMLInactive)
 }
 
 var (

@@ -1,15 +1,16 @@
 // Command kvmbench measures the kvm shim on this machine against baselines:
 // start latency (ctr and CRI against go-libvirt defining the same domain
 // XML), time to guest userspace, shim memory against the runc shim,
-// density (concurrent CRI pods), exec through the guest agent and the Go
-// micro-benchmarks. It starts its
+// density (concurrent CRI pods), exec through the guest agent, storage on
+// pod volumes against a raw libvirt domain, and the Go micro-benchmarks.
+// It starts its
 // own private containerd daemons (internal/testenv), prints one table and
 // writes the results as JSON and Markdown under bench/results/.
 //
 // Run it as root from the repository root after hack/setup-host.sh,
 // hack/guest/build.sh and make build:
 //
-//	go run ./bench/cmd/kvmbench            # the full run (about 12 minutes)
+//	go run ./bench/cmd/kvmbench            # the full run (about 15 minutes)
 //	go run ./bench/cmd/kvmbench -quick     # a few iterations (about 8 minutes)
 //	go run ./bench/cmd/kvmbench -rerender bench/results/X.json  # table and .md again
 package main
@@ -48,16 +49,20 @@ type config struct {
 	waitQuiet    time.Duration
 	netRuns      int
 	netSeconds   int
+	volumeVMs    int
+	volumeMiB    int
+	volumeOps    int
 	quick        bool
 	commandLine  string
 	writeResults bool
 }
 
 // allSections are the sections there are; defaultSections run without
-// -sections. "net" (bench-net) and "exec" run only when asked for.
+// -sections. "net" (bench-net), "exec" and "resources" run only when
+// asked for.
 var (
-	allSections     = []string{"latency", "memory", "density", "micro", "net", "exec", "resources"}
-	defaultSections = []string{"latency", "memory", "density", "micro"}
+	allSections     = []string{"latency", "memory", "density", "micro", "net", "exec", "resources", "volumes"}
+	defaultSections = []string{"latency", "memory", "density", "volumes", "micro"}
 )
 
 func main() {
@@ -92,6 +97,9 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&c.memoryMiB, "memory-mib", 128, "memory of every guest, MiB")
 	fs.IntVar(&c.netRuns, "net-runs", 5, "net: runs of every variant")
 	fs.IntVar(&c.netSeconds, "net-seconds", 5, "net: iperf3 seconds per direction (the first is omitted)")
+	fs.IntVar(&c.volumeVMs, "volume-vms", 4, "volumes: VMs per variant (each runs the workload 3 times)")
+	fs.IntVar(&c.volumeMiB, "volume-mib", 256, "volumes: MiB written and read sequentially per run, and the span of the random 4 KiB I/O")
+	fs.IntVar(&c.volumeOps, "volume-ops", 4000, "volumes: random 4 KiB reads and as many writes per run")
 	fs.IntVar(&c.microCount, "micro-count", 6, "micro: go test -count")
 	fs.StringVar(&c.microTime, "micro-benchtime", "1s", "micro: go test -benchtime")
 	fs.StringVar(&c.binDir, "bin", "_output/bin", "directory with the built shim and emulator wrapper (make build)")
@@ -110,7 +118,7 @@ func parseFlags(args []string) (*config, error) {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if c.quick {
-		quick := map[string]string{"runs": "3", "memory-pods": "1,3", "density-pods": "1,4", "micro-count": "1", "micro-benchtime": "200ms", "net-runs": "2", "net-seconds": "3"}
+		quick := map[string]string{"runs": "3", "memory-pods": "1,3", "density-pods": "1,4", "micro-count": "1", "micro-benchtime": "200ms", "net-runs": "2", "net-seconds": "3", "volume-vms": "1"}
 		for name, v := range quick {
 			if !set[name] {
 				if err := fs.Set(name, v); err != nil {
@@ -136,6 +144,9 @@ func parseFlags(args []string) (*config, error) {
 	if c.netRuns < 1 || c.netSeconds < 2 {
 		return nil, errors.New("-net-runs must be at least 1 and -net-seconds at least 2")
 	}
+	if c.volumeVMs < 1 || c.volumeMiB < 1 || c.volumeOps < 1 {
+		return nil, errors.New("-volume-vms, -volume-mib and -volume-ops must be at least 1")
+	}
 	if c.runs < 1 || c.warmup < 0 || c.vcpus < 1 || c.memoryMiB < 64 || c.microCount < 1 {
 		return nil, errors.New("-runs, -vcpus and -micro-count must be at least 1, -warmup at least 0, -memory-mib at least 64")
 	}
@@ -149,7 +160,7 @@ func parseFlags(args []string) (*config, error) {
 func (c *config) has(section string) bool { return slices.Contains(c.sections, section) }
 
 func (c *config) needsDaemons() bool {
-	return c.has("latency") || c.has("memory") || c.has("density") || c.has("net") || c.has("exec") || c.has("resources")
+	return c.has("latency") || c.has("memory") || c.has("density") || c.has("net") || c.has("exec") || c.has("resources") || c.has("volumes")
 }
 
 func splitList(s string) []string {
@@ -279,6 +290,10 @@ func measureOnHost(ctx context.Context, c *config, res *results) (retErr error) 
 	if c.has("resources") && ctx.Err() == nil {
 		res.Resources, err = runResources(ctx, e)
 		res.fail("resources", err)
+	}
+	if c.has("volumes") && ctx.Err() == nil {
+		res.Volumes, err = runVolumes(ctx, e)
+		res.fail("volumes", err)
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()

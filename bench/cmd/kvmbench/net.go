@@ -448,18 +448,7 @@ func shimNetRun(ctx context.Context, d *daemon, e *env, ref, cfg string, i int, 
 // makes it the bridge variant: a new identity, the bridge's address on the
 // kernel command line, and a libvirt <interface type='bridge'>.
 func bridgeTemplate(l *libvirt.Libvirt, d *daemon, e *env) (string, error) {
-	doms, err := testenv.DomainsMentioning(l, d.ShimStateDir)
-	if err != nil {
-		return "", err
-	}
-	if len(doms) != 1 {
-		return "", fmt.Errorf("want one domain of the shim, found %v", doms)
-	}
-	dom, err := l.DomainLookupByName(doms[0])
-	if err != nil {
-		return "", err
-	}
-	xml, err := l.DomainGetXMLDesc(dom, libvirt.DomainXMLInactive)
+	xml, err := onlyShimDomainXML(l, d)
 	if err != nil {
 		return "", err
 	}

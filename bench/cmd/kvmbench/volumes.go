@@ -1,0 +1,646 @@
+package main
+
+import (
+	"context"
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"math/rand"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/digitalocean/go-libvirt"
+	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/cgroup"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
+)
+
+// The "volumes" section (-sections volumes): storage throughput measured
+// in the guest (hack/guest/iobench, run by /init when the kernel command
+// line has kvm-guest.iobench=) on
+//
+//	(a) a raw block volume (a loop device on a file) given to a VM pod
+//	    through CRI and the shim;
+//	(b) the same loop device given by hand to a raw libvirt domain
+//	    (go-libvirt define + create, <disk type='block'> cache=none
+//	    io=native) with the same kernel, initrd, memory and vCPUs;
+//	(c) a virtiofs share of a host directory through CRI, the same
+//	    workload on a file in it.
+//
+// The variants run interleaved, one VM of each per round; each VM runs the
+// workload volumeInnerRuns times. Containerd flavour: the first one.
+
+// volumeInnerRuns is how many times each VM runs the workload.
+const volumeInnerRuns = 3
+
+// volumeCmdline starts every variant's kernel command line. The guests of
+// all three run the same processes: no QEMU guest agent, since (b) has no
+// agent channel. With the agent running in (a)'s guest alone, a/b read
+// 0.84-0.97 and 0.58-0.89 in two runs (0.93-1.03 without): on the one
+// emulated vCPU, guest processes compete with the benchmark.
+const volumeCmdline = "console=ttyS0 quiet kvm-guest.agent=off "
+
+// volumeSerial is the block volume's serial in both (a) and (b): the shim
+// names a raw block volume after its container path, /dev/xvda.
+const (
+	volumeDevicePath = "/dev/xvda"
+	volumeSerial     = "dev-xvda"
+	volumeSharePath  = "/shared"
+	ioTimeout        = 5 * time.Minute
+)
+
+// ioVariant is one way of giving the guest its storage, every sample of
+// every VM of that way.
+type ioVariant struct {
+	Key   string `json:"key"`
+	Label string `json:"label"`
+	// Mode is how the guest did its I/O: "direct" (O_DIRECT) or
+	// "cached" (the target refused O_DIRECT: page cache, sync after
+	// writes, caches dropped before reads).
+	Mode          string    `json:"mode"`
+	SeqWriteMiBs  []float64 `json:"seq_write_mib_s"`
+	SeqReadMiBs   []float64 `json:"seq_read_mib_s"`
+	RandWriteIOPS []float64 `json:"rand_write_iops"`
+	RandReadIOPS  []float64 `json:"rand_read_iops"`
+	// Rounds holds the round of each sample: ratios pair the VMs of one
+	// round, which ran back to back.
+	Rounds   []int    `json:"rounds"`
+	Failures []string `json:"failures,omitempty"`
+}
+
+type volumesResults struct {
+	Flavour   string       `json:"flavour"`
+	MiB       int          `json:"mib"`        // sequential bytes per run and the random I/O's span
+	Ops       int          `json:"random_ops"` // 4 KiB operations per random run
+	VMs       int          `json:"vms"`        // VMs per variant
+	InnerRuns int          `json:"runs_per_vm"`
+	Variants  []*ioVariant `json:"variants"`
+}
+
+// ioSample is one run's figures as the guest printed them.
+type ioSample struct{ seqWrite, seqRead, randWrite, randRead float64 }
+
+// parseIO reads the guest's KVM-GUEST-IO lines from console output (a CRI
+// log or a plain console log): the target and mode, every run's figures,
+// and whether it is done. A KVM-GUEST-IO-FAIL line is an error.
+func parseIO(out string) (target, mode string, runs []ioSample, done bool, err error) {
+	for _, l := range strings.Split(out, "\n") {
+		if i := strings.Index(l, "KVM-GUEST-IO-FAIL"); i >= 0 {
+			return target, mode, runs, false, fmt.Errorf("the guest's benchmark failed: %s", strings.TrimSpace(l[i:]))
+		}
+		i := strings.Index(l, "KVM-GUEST-IO ")
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(l[i+len("KVM-GUEST-IO "):])
+		switch {
+		case len(f) == 0:
+		case f[0] == "start" && len(f) > 1:
+			target = f[1]
+			for _, kv := range f[2:] {
+				if v, ok := strings.CutPrefix(kv, "mode="); ok {
+					mode = v
+				}
+			}
+		case f[0] == "run":
+			if len(f) != 10 || f[2] != "seqwrite" || f[4] != "seqread" || f[6] != "randwrite" || f[8] != "randread" {
+				return target, mode, runs, false, fmt.Errorf("malformed line %q", strings.TrimSpace(l[i:]))
+			}
+			var v [4]float64
+			for k, s := range []string{f[3], f[5], f[7], f[9]} {
+				if v[k], err = strconv.ParseFloat(s, 64); err != nil || v[k] <= 0 {
+					return target, mode, runs, false, fmt.Errorf("malformed figure %q in %q", s, strings.TrimSpace(l[i:]))
+				}
+			}
+			runs = append(runs, ioSample{v[0], v[1], v[2], v[3]})
+		case f[0] == "done":
+			done = true
+		}
+	}
+	return target, mode, runs, done, nil
+}
+
+// addOutput records the runs of one VM's console output, which must be
+// for target and complete.
+func (v *ioVariant) addOutput(out, target string, want, round int) error {
+	got, mode, runs, done, err := parseIO(out)
+	switch {
+	case err != nil:
+		return err
+	case got != target:
+		return fmt.Errorf("the guest measured %q, want %q", got, target)
+	case !done || len(runs) != want:
+		return fmt.Errorf("the guest reported %d runs (done: %v), want %d", len(runs), done, want)
+	}
+	return v.add(mode, runs, round)
+}
+
+// add records one VM's runs.
+func (v *ioVariant) add(mode string, runs []ioSample, round int) error {
+	if v.Mode != "" && v.Mode != mode {
+		return fmt.Errorf("%s: the guest used %s I/O, earlier VMs %s", v.Key, mode, v.Mode)
+	}
+	v.Mode = mode
+	for _, r := range runs {
+		v.SeqWriteMiBs = append(v.SeqWriteMiBs, r.seqWrite)
+		v.SeqReadMiBs = append(v.SeqReadMiBs, r.seqRead)
+		v.RandWriteIOPS = append(v.RandWriteIOPS, r.randWrite)
+		v.RandReadIOPS = append(v.RandReadIOPS, r.randRead)
+		v.Rounds = append(v.Rounds, round)
+	}
+	return nil
+}
+
+// iobenchArg is the guest's kvm-guest.iobench= value for a target.
+func (x *volumesResults) iobenchArg(target string) string {
+	return fmt.Sprintf("kvm-guest.iobench=%s,%d,%d,%d", target, x.MiB, x.Ops, x.InnerRuns)
+}
+
+func runVolumes(ctx context.Context, e *env) (_ *volumesResults, retErr error) {
+	d := e.daemons[0]
+	res := &volumesResults{Flavour: d.name(), MiB: e.cfg.volumeMiB, Ops: e.cfg.volumeOps, VMs: e.cfg.volumeVMs, InnerRuns: volumeInnerRuns}
+	h, err := cgroup.Detect()
+	if err != nil {
+		return nil, err
+	}
+	// The volume's file and the share live on a disk file system, as a
+	// PV would (the work dir is on tmpfs).
+	dir, err := os.MkdirTemp("/var/tmp", "kvmbench-volumes-")
+	if err != nil {
+		return nil, err
+	}
+	defer func() { retErr = errors.Join(retErr, os.RemoveAll(dir)) }()
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return nil, err
+	}
+	span := int64(res.MiB) << 20
+	blockFile, share := filepath.Join(dir, "block"), filepath.Join(dir, "share")
+	if err := os.Mkdir(share, 0o755); err != nil {
+		return nil, err
+	}
+	// Written in full, so that no variant pays for allocating blocks.
+	for _, f := range []string{blockFile, filepath.Join(share, "kvm-guest-iobench.dat")} {
+		if err := writeFilled(f, span); err != nil {
+			return nil, err
+		}
+	}
+	out, err := exec.CommandContext(ctx, "losetup", "--find", "--show", blockFile).Output()
+	if err != nil {
+		return nil, fmt.Errorf("losetup: %w", err)
+	}
+	loop := strings.TrimSpace(string(out))
+	defer func() {
+		if out, err := exec.Command("losetup", "-d", loop).CombinedOutput(); err != nil {
+			retErr = errors.Join(retErr, fmt.Errorf("losetup -d %s: %v: %s", loop, err, out))
+		}
+	}()
+	l, err := testenv.ConnectLibvirt()
+	if err != nil {
+		return nil, err
+	}
+	defer l.Disconnect()
+
+	a := &ioVariant{Key: "a", Label: "(a) raw block volume (loop device) through CRI and the shim"}
+	b := &ioVariant{Key: "b", Label: "(b) the same loop device in a raw libvirt domain (go-libvirt; <disk type='block'> cache=none io=native)"}
+	c := &ioVariant{Key: "c", Label: "(c) virtiofs share of a host directory through CRI and the shim, a file in it"}
+	res.Variants = []*ioVariant{a, b, c}
+	var raw *rawVolumeVM
+	for i := 0; i < res.VMs && ctx.Err() == nil; i++ {
+		logf("volumes: round %d/%d (%d MiB, %d random 4 KiB ops, %d runs per VM)", i+1, res.VMs, res.MiB, res.Ops, res.InnerRuns)
+		for _, v := range res.Variants {
+			var out, target string
+			var err error
+			switch v.Key {
+			case "a":
+				var got *rawVolumeVM
+				target = "disk:" + volumeSerial
+				out, got, err = volumePodRun(ctx, d, e, h, l, "volumes-a", i, res.iobenchArg(target), testenv.ContainerOptions{
+					Devices: []*cri.Device{{ContainerPath: volumeDevicePath, HostPath: loop, Permissions: "rwm"}},
+				}, raw == nil)
+				if got != nil {
+					raw = got
+				}
+			case "b":
+				if raw == nil {
+					err = errors.New("no kernel and initrd taken from an (a) VM")
+					break
+				}
+				target = "disk:" + volumeSerial
+				out, err = raw.run(ctx, l, h, e.rawDir, i, loop, res.iobenchArg(target))
+			case "c":
+				target = "dir:" + volumeSharePath
+				out, _, err = volumePodRun(ctx, d, e, h, l, "volumes-c", i, res.iobenchArg(target), testenv.ContainerOptions{
+					Mounts: []*cri.Mount{{ContainerPath: volumeSharePath, HostPath: share}},
+				}, false)
+			}
+			if err == nil {
+				err = v.addOutput(out, target, res.InnerRuns, i)
+			}
+			if err != nil {
+				logf("volumes: %s round %d failed: %v", v.Key, i, err)
+				v.Failures = append(v.Failures, fmt.Sprintf("round %d: %v", i, err))
+				d.ForceCleanup(ctx)
+			}
+		}
+	}
+	return res, ctx.Err()
+}
+
+// writeFilled writes size bytes of pseudo-random data to path.
+func writeFilled(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 1<<20)
+	rand.New(rand.NewSource(7)).Read(buf)
+	for off := int64(0); off < size; off += int64(len(buf)) {
+		if _, err := f.Write(buf[:min(int64(len(buf)), size-off)]); err != nil {
+			f.Close()
+			return err
+		}
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// volumePodRun runs a VM pod with the volumes in o whose guest runs the
+// storage benchmark, waits for its figures and removes the pod. With
+// capture, it also returns what a raw domain needs to boot the same guest.
+func volumePodRun(ctx context.Context, d *daemon, e *env, h cgroup.Hierarchies, l *libvirt.Libvirt, name string, i int, iobench string, o testenv.ContainerOptions, capture bool) (out string, raw *rawVolumeVM, retErr error) {
+	cl, err := d.DialCRI()
+	if err != nil {
+		return "", nil, err
+	}
+	defer cl.Close()
+	o.MemoryLimit = int64(e.cfg.memoryMiB) << 20
+	o.Annotations = map[string]string{"kvm.containerd.io/kernel-cmdline": volumeCmdline + iobench}
+	_, logPath, _, stop, err := vmPod(ctx, d, cl, h, fmt.Sprintf("%s-%d", name, i), o)
+	if err != nil {
+		return "", nil, err
+	}
+	defer func() { retErr = errors.Join(retErr, stop()) }()
+	if capture {
+		if raw, err = captureRawVolumeVM(l, d, e.rawDir); err != nil {
+			return "", nil, fmt.Errorf("take the shim VM's kernel, initrd and size: %w", err)
+		}
+	}
+	out, err = waitIO(ctx, func() string { return logPath })
+	return out, raw, err
+}
+
+// waitIO waits until the console log (found by locate) has the guest's
+// KVM-GUEST-IO done or a failure, and returns it.
+func waitIO(ctx context.Context, locate func() string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, ioTimeout)
+	defer cancel()
+	var out string
+	var ioErr error
+	err := testenv.Poll(ctx, 100*time.Millisecond, func() (bool, string) {
+		b, _ := os.ReadFile(locate())
+		out = string(b)
+		var done bool
+		_, _, _, done, ioErr = parseIO(out)
+		return done || ioErr != nil, "no KVM-GUEST-IO done on the console; tail:\n" + testenv.Tail(out, 10)
+	})
+	if ioErr != nil {
+		return out, ioErr
+	}
+	return out, err
+}
+
+// rawVolumeVM is what the raw domain (b) shares with the shim's VM: the
+// direct-boot kernel and initrd (copied), memory, vCPUs, machine type and
+// emulator.
+type rawVolumeVM struct {
+	Type, Arch, Machine, Emulator string
+	Kernel, Initrd                string
+	MemoryKiB                     uint64
+	VCPUs                         int
+}
+
+// shimDomainXML is the part of the shim's domain XML the raw domain copies.
+type shimDomainXML struct {
+	Type   string `xml:"type,attr"`
+	Memory struct {
+		Unit  string `xml:"unit,attr"`
+		Value uint64 `xml:",chardata"`
+	} `xml:"memory"`
+	VCPU struct {
+		Current int `xml:"current,attr"`
+		Count   int `xml:",chardata"`
+	} `xml:"vcpu"`
+	OS struct {
+		Type struct {
+			Arch    string `xml:"arch,attr"`
+			Machine string `xml:"machine,attr"`
+		} `xml:"type"`
+		Kernel string `xml:"kernel"`
+		Initrd string `xml:"initrd"`
+	} `xml:"os"`
+	Emulator string `xml:"devices>emulator"`
+}
+
+// parseShimDomain reads the shim VM's sizes and boot files from its XML.
+func parseShimDomain(x string) (*rawVolumeVM, error) {
+	var d shimDomainXML
+	if err := xml.Unmarshal([]byte(x), &d); err != nil {
+		return nil, err
+	}
+	mult := map[string]uint64{"KiB": 1, "MiB": 1 << 10, "GiB": 1 << 20}[d.Memory.Unit]
+	vm := &rawVolumeVM{Type: d.Type, Arch: d.OS.Type.Arch, Machine: d.OS.Type.Machine, Emulator: d.Emulator,
+		Kernel: d.OS.Kernel, Initrd: d.OS.Initrd, MemoryKiB: d.Memory.Value * mult, VCPUs: d.VCPU.Count}
+	if d.VCPU.Current > 0 {
+		vm.VCPUs = d.VCPU.Current
+	}
+	if vm.Kernel == "" || vm.MemoryKiB == 0 || vm.VCPUs == 0 || vm.Emulator == "" {
+		return nil, fmt.Errorf("no direct-boot kernel, memory, vCPUs or emulator in the shim's domain XML:\n%s", x)
+	}
+	return vm, nil
+}
+
+// captureRawVolumeVM reads the running shim VM's XML and copies its
+// kernel and initrd into rawDir.
+func captureRawVolumeVM(l *libvirt.Libvirt, d *daemon, rawDir string) (*rawVolumeVM, error) {
+	x, err := onlyShimDomainXML(l, d)
+	if err != nil {
+		return nil, err
+	}
+	vm, err := parseShimDomain(x)
+	if err != nil {
+		return nil, err
+	}
+	files := filepath.Join(rawDir, "volumes-files")
+	if err := os.MkdirAll(files, 0o755); err != nil {
+		return nil, err
+	}
+	for _, p := range []*string{&vm.Kernel, &vm.Initrd} {
+		if *p == "" {
+			continue
+		}
+		dst := filepath.Join(files, filepath.Base(*p))
+		if err := copyFile(*p, dst, 0o644); err != nil {
+			return nil, err
+		}
+		*p = dst
+	}
+	return vm, nil
+}
+
+// rawDomainXML is the raw domain (b), written by hand: the guest's boot
+// files and size, one virtio-blk disk on the host block device and a
+// serial console into a file. Nothing else the shim adds (config drive,
+// NIC, agent channel, pinning) has a part in disk I/O.
+type rawDomainXML struct {
+	XMLName    xml.Name `xml:"domain"`
+	Type       string   `xml:"type,attr"`
+	Name       string   `xml:"name"`
+	UUID       string   `xml:"uuid"`
+	Memory     rawMemoryXML
+	VCPU       int        `xml:"vcpu"`
+	OS         rawOSXML   `xml:"os"`
+	Features   rawFeatXML `xml:"features"`
+	OnPoweroff string     `xml:"on_poweroff"`
+	OnCrash    string     `xml:"on_crash"`
+	Devices    rawDevsXML `xml:"devices"`
+}
+
+type rawMemoryXML struct {
+	XMLName xml.Name `xml:"memory"`
+	Unit    string   `xml:"unit,attr"`
+	Value   uint64   `xml:",chardata"`
+}
+
+type rawOSXML struct {
+	Type struct {
+		Arch    string `xml:"arch,attr,omitempty"`
+		Machine string `xml:"machine,attr,omitempty"`
+		Value   string `xml:",chardata"`
+	} `xml:"type"`
+	Kernel  string `xml:"kernel"`
+	Initrd  string `xml:"initrd,omitempty"`
+	Cmdline string `xml:"cmdline"`
+}
+
+type rawFeatXML struct {
+	ACPI struct{} `xml:"acpi"`
+	APIC struct{} `xml:"apic"`
+}
+
+type rawDevsXML struct {
+	Emulator string `xml:"emulator"`
+	Disk     struct {
+		Type   string `xml:"type,attr"`
+		Device string `xml:"device,attr"`
+		Driver struct {
+			Name  string `xml:"name,attr"`
+			Type  string `xml:"type,attr"`
+			Cache string `xml:"cache,attr"`
+			IO    string `xml:"io,attr"`
+		} `xml:"driver"`
+		Source struct {
+			Dev string `xml:"dev,attr"`
+		} `xml:"source"`
+		Target struct {
+			Dev string `xml:"dev,attr"`
+			Bus string `xml:"bus,attr"`
+		} `xml:"target"`
+		Serial string `xml:"serial"`
+	} `xml:"disk"`
+	Serial struct {
+		Type   string `xml:"type,attr"`
+		Source struct {
+			Path string `xml:"path,attr"`
+		} `xml:"source"`
+		Target struct {
+			Port int `xml:"port,attr"`
+		} `xml:"target"`
+	} `xml:"serial"`
+}
+
+// domainXML renders the raw domain for one run.
+func (vm *rawVolumeVM) domainXML(name, uuid, dev, consoleLog, cmdline string) ([]byte, error) {
+	d := rawDomainXML{Type: vm.Type, Name: name, UUID: uuid, VCPU: vm.VCPUs, OnPoweroff: "destroy", OnCrash: "destroy"}
+	d.Memory.Unit, d.Memory.Value = "KiB", vm.MemoryKiB
+	d.OS.Type.Arch, d.OS.Type.Machine, d.OS.Type.Value = vm.Arch, vm.Machine, "hvm"
+	d.OS.Kernel, d.OS.Initrd, d.OS.Cmdline = vm.Kernel, vm.Initrd, cmdline
+	d.Devices.Emulator = vm.Emulator
+	k := &d.Devices.Disk
+	k.Type, k.Device, k.Serial = "block", "disk", volumeSerial
+	k.Driver.Name, k.Driver.Type, k.Driver.Cache, k.Driver.IO = "qemu", "raw", "none", "native"
+	k.Source.Dev = dev
+	k.Target.Dev, k.Target.Bus = "vdb", "virtio"
+	d.Devices.Serial.Type, d.Devices.Serial.Source.Path = "file", consoleLog
+	return xml.MarshalIndent(d, "", "  ")
+}
+
+// run boots the raw domain on the block device, waits for the guest's
+// figures, and destroys and undefines it. Its QEMU runs in a cgroup of
+// its own below /kvmbench, beside the pods' (a pod's QEMU is in its
+// container's cgroup), joined while the domain is paused: this host's
+// libvirt leaves the cpu controller alone, so QEMU would otherwise stay in
+// the root cpu cgroup, where each of its threads weighs as much as a whole
+// pod group when other users load the cores.
+func (vm *rawVolumeVM) run(ctx context.Context, l *libvirt.Libvirt, h cgroup.Hierarchies, rawDir string, i int, dev, iobench string) (_ string, retErr error) {
+	name := fmt.Sprintf("kvmbench-vol-%d-%d", os.Getpid(), i)
+	runDir := filepath.Join(rawDir, fmt.Sprintf("volumes-run-%d", i))
+	if err := os.MkdirAll(runDir, 0o755); err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(runDir)
+	consoleLog := filepath.Join(runDir, "console.log")
+	x, err := vm.domainXML(name, newUUID(), dev, consoleLog, volumeCmdline+iobench)
+	if err != nil {
+		return "", err
+	}
+	dom, err := l.DomainDefineXML(string(x))
+	if err != nil {
+		return "", fmt.Errorf("define: %w", err)
+	}
+	defer func() {
+		_ = l.DomainDestroy(dom)
+		retErr = errors.Join(retErr, l.DomainUndefine(dom))
+	}()
+	if _, err := l.DomainCreateWithFlags(dom, uint32(libvirt.DomainStartPaused)); err != nil {
+		return "", fmt.Errorf("create: %w", err)
+	}
+	g, err := h.Group("/kvmbench/" + name)
+	if err != nil {
+		return "", err
+	}
+	if _, err := g.Create(); err != nil {
+		return "", err
+	}
+	defer func() {
+		_ = l.DomainDestroy(dom) // before the group goes: it must be empty
+		retErr = errors.Join(retErr, g.Remove())
+	}()
+	pid, err := os.ReadFile(filepath.Join("/run/libvirt/qemu", name+".pid"))
+	if err != nil {
+		return "", fmt.Errorf("QEMU's pid: %w", err)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(pid)))
+	if err != nil {
+		return "", fmt.Errorf("QEMU's pid file: %q", pid)
+	}
+	if err := g.Join(n); err != nil {
+		return "", err
+	}
+	if err := l.DomainResume(dom); err != nil {
+		return "", fmt.Errorf("resume: %w", err)
+	}
+	return waitIO(ctx, func() string { return consoleLog })
+}
+
+// buildVolumes adds the volume rows: each variant's figures, a/b with
+// its target and c/a.
+func (r *results) buildVolumes() {
+	x := r.Volumes
+	if x == nil {
+		return
+	}
+	r.Notes = append(r.Notes, fmt.Sprintf("Volumes: measured in the guest by hack/guest/iobench (a static Go program in the test initramfs, started by /init from kvm-guest.iobench= on the kernel command line): per run, %d MiB written then read in 1 MiB blocks, then %d random 4 KiB writes and %d random 4 KiB reads at aligned offsets in those %d MiB (the same offsets on every target), O_DIRECT where the target takes it (mode direct; else through the guest's page cache with the caches dropped before reads: mode cached), writes ended by fdatasync and timed with it. "+
+		"%d VMs per variant, run interleaved (a, b, c per round), %d runs each; a variant's medians and ranges are over all its runs, a ratio is taken per round (the median of one variant's runs in that round over the other's) and given as the median and range over the rounds. The loop device's file and the shared directory are on the host's disk file system (/var/tmp), written in full before the first run. "+
+		"(a) and (c): CRI pods on containerd %s (kernel command line by the kvm.containerd.io/kernel-cmdline annotation); (b): a domain written by hand with go-libvirt: the (a) VM's kernel, initrd, memory and vCPUs, one <disk type='block'> with cache=none io=native on the same loop device, a serial console into a file, nothing else; its QEMU joins a cgroup of its own beside the pods' before it runs (libvirt here manages no cpu controller: in the root cpu cgroup each QEMU thread would weigh as much as a whole pod's group when other users load the cores). "+
+		"Every guest boots with kvm-guest.agent=off (no QEMU guest agent: (b) has no channel for it), so the same guest processes share the one emulated vCPU with the benchmark. The loop device is buffered (losetup's default): the figures are the virtualization path's over the host page cache, not the host disk's. Under TCG the guest's emulated CPU bounds every figure.",
+		x.MiB, x.Ops, x.Ops, x.MiB, x.VMs, x.InnerRuns, x.Flavour))
+	byKey := map[string]*ioVariant{}
+	for _, v := range x.Variants {
+		byKey[v.Key] = v
+		status := "measured"
+		if len(v.Failures) > 0 {
+			status = fmt.Sprintf("%d failed", len(v.Failures))
+		}
+		r.add("volumes (TCG)", v.Label, fmt.Sprintf("seq write %s MiB/s, seq read %s MiB/s; 4 KiB random write %s IOPS, random read %s IOPS; I/O %s",
+			spread(v.SeqWriteMiBs), spread(v.SeqReadMiBs), spread(v.RandWriteIOPS), spread(v.RandReadIOPS), v.Mode), "", status)
+	}
+	ratio := func(name string, x, y *ioVariant, target float64) {
+		if x == nil || y == nil {
+			return
+		}
+		var parts []string
+		ok := true
+		for _, m := range []struct {
+			label  string
+			xs, ys []float64
+		}{{"seq write", x.SeqWriteMiBs, y.SeqWriteMiBs}, {"seq read", x.SeqReadMiBs, y.SeqReadMiBs},
+			{"rand write", x.RandWriteIOPS, y.RandWriteIOPS}, {"rand read", x.RandReadIOPS, y.RandReadIOPS}} {
+			qs := roundRatios(m.xs, x.Rounds, m.ys, y.Rounds)
+			if len(qs) == 0 {
+				parts = append(parts, m.label+" no paired rounds")
+				ok = false
+				continue
+			}
+			q := summarize(qs)
+			r.Derived["volumes_ratio_"+strings.ReplaceAll(name, "/", "_")+"_"+strings.ReplaceAll(m.label, " ", "_")] = q.Median
+			parts = append(parts, fmt.Sprintf("%s %.2f (%.2f-%.2f)", m.label, q.Median, q.Min, q.Max))
+			ok = ok && q.Median >= target
+		}
+		value := strings.Join(parts, ", ") + " (per round: the medians of its VMs' runs; median and range over the rounds)"
+		if target > 0 {
+			r.add("volumes (TCG)", name+": shim block volume / raw libvirt domain", value, fmt.Sprintf(">= %.2f each", target), met(ok))
+		} else {
+			r.add("volumes (TCG)", name+": virtiofs share / shim block volume", value, "", "info")
+		}
+	}
+	ratio("a/b", byKey["a"], byKey["b"], targetVolumeRatio)
+	ratio("c/a", byKey["c"], byKey["a"], 0)
+}
+
+// roundRatios pairs two variants' samples by round: for each round both
+// have, the median of x's samples over the median of y's.
+func roundRatios(xs []float64, xr []int, ys []float64, yr []int) []float64 {
+	byRound := func(v []float64, r []int) map[int][]float64 {
+		m := map[int][]float64{}
+		for i, x := range v {
+			k := 0 // results without rounds: one round
+			if len(r) == len(v) {
+				k = r[i]
+			}
+			m[k] = append(m[k], x)
+		}
+		return m
+	}
+	mx, my := byRound(xs, xr), byRound(ys, yr)
+	var rounds []int
+	for k := range mx {
+		if len(my[k]) > 0 {
+			rounds = append(rounds, k)
+		}
+	}
+	slices.Sort(rounds)
+	var out []float64
+	for _, k := range rounds {
+		if d := summarize(my[k]).Median; d > 0 {
+			out = append(out, summarize(mx[k]).Median/d)
+		}
+	}
+	return out
+}
+
+// targetVolumeRatio is the issue's target for a/b.
+const targetVolumeRatio = 0.95
+
+// spread renders a sample as "median (min-max, n=N)".
+func spread(v []float64) string {
+	if len(v) == 0 {
+		return "no run"
+	}
+	s := summarize(v)
+	f := func(x float64) string {
+		if x >= 100 {
+			return fmt.Sprintf("%.0f", x)
+		}
+		return fmt.Sprintf("%.1f", x)
+	}
+	return fmt.Sprintf("%s (%s-%s, n=%d)", f(s.Median), f(s.Min), f(s.Max), s.N)
+}
