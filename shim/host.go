@@ -65,6 +65,7 @@ type domains interface {
 	vm.AgentCommander
 	SetVCPUs(name string, n int) error
 	VCPUs(name string) (int, error)
+	Domains() (map[string]vm.Metadata, error)
 }
 
 var _ domains = (*vm.Conn)(nil)

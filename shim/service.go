@@ -496,6 +496,9 @@ func (s *service) vmHost(ctx context.Context, cfg *Config) (*host, error) {
 	s.host = h
 	s.mu.Unlock()
 	goSafe(ctx, "follow libvirt events", func() { s.followEvents(context.WithoutCancel(ctx), h) })
+	goSafe(ctx, "sweep VMs lost with their task records", func() {
+		sweep(context.WithoutCancel(ctx), h.layout, h.conn, h.fdSocketDir, time.Now())
+	})
 	return h, nil
 }
 

@@ -205,6 +205,11 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		return nil, fmt.Errorf("create VM dir: %w", err)
 	}
 	undo.add(func() { _ = os.RemoveAll(vmDir) })
+	// The owner file tells the sweep of another shim that this dir is in
+	// use while no domain refers to it yet.
+	if err := writeMarker(filepath.Join(vmDir, ownerFile)); err != nil {
+		return nil, err
+	}
 
 	spec := vm.Spec{
 		Name: name, UUID: ident.UUID(),
@@ -727,16 +732,7 @@ func releaseVM(ctx context.Context, conn domains, rec *taskRecord, bundle string
 	errs = append(errs, teardownNetwork(rec.Network))
 	errs = append(errs, releaseNUMA(rec))
 	if rec.VMDir != "" {
-		unmounted := true
-		for _, b := range readOnlyMounts(rec.VMDir) {
-			if err := vm.Unmount(b); err != nil {
-				errs = append(errs, err)
-				unmounted = false
-			}
-		}
-		if unmounted {
-			errs = append(errs, os.RemoveAll(rec.VMDir))
-		}
+		errs = append(errs, removeVMDir(rec.VMDir))
 	}
 	if rec.Overlay != "" && !rec.KeepOverlay {
 		for _, f := range vm.OverlayFiles(rec.Overlay) {
