@@ -60,9 +60,11 @@ func ownerGone(vmDir string, now time.Time) bool {
 }
 
 // sweep releases the domains and runtime dirs under l that belong to no
-// live VM, and logs each. fdSocketDir holds the VMs' descriptor sockets.
-// Errors are logged: the sweep is tried again by the next shim.
-func sweep(ctx context.Context, l layout, conn sweeper, fdSocketDir string, now time.Time) {
+// live VM, and logs each. fdSocketDir holds the VMs' descriptor sockets;
+// releaseNUMA (nil: no NUMA store) gives back a swept VM's reservation by
+// its owner key. Errors are logged: the sweep is tried again by the next
+// shim.
+func sweep(ctx context.Context, l layout, conn sweeper, fdSocketDir string, releaseNUMA func(owner string) error, now time.Time) {
 	doms, err := conn.Domains()
 	if err != nil {
 		log.G(ctx).WithError(err).Warn("sweep: list domains; nothing swept")
@@ -90,6 +92,11 @@ func sweep(ctx context.Context, l layout, conn sweeper, fdSocketDir string, now 
 		}
 		if err := os.Remove(netfd.SocketPath(fdSocketDir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			log.G(ctx).WithError(err).WithField("vm", name).Warn("sweep: remove a descriptor socket")
+		}
+		if releaseNUMA != nil {
+			if err := releaseNUMA(numaOwner(name, m.ContainerID)); err != nil {
+				log.G(ctx).WithError(err).WithField("vm", name).Warn("sweep: release a NUMA reservation")
+			}
 		}
 		log.G(ctx).WithField("vm", name).WithField("container", m.ContainerID).WithField("pod", m.PodUID).
 			Info("sweep: undefined the stopped domain of a VM whose shim is gone (lost with its task record, e.g. by a power loss)")

@@ -71,7 +71,11 @@ func TestSweepReleasesOnlyWhatBelongsToNoLiveVM(t *testing.T) {
 	dom("kvm-other-state-dir", filepath.Join(t.TempDir(), "vms", "x"), false)
 	dom("kvm-no-dir", l.vmDir("vanished"), false)
 
-	sweep(context.Background(), l, f, fdDir, now)
+	var released []string
+	sweep(context.Background(), l, f, fdDir, func(owner string) error {
+		released = append(released, owner)
+		return nil
+	}, now)
 
 	var left []string
 	for name := range f.doms {
@@ -86,6 +90,10 @@ func TestSweepReleasesOnlyWhatBelongsToNoLiveVM(t *testing.T) {
 		if kept := err == nil; kept != keep {
 			t.Errorf("%s: kept=%v, want %v (stat: %v)", filepath.Base(dir), kept, keep, err)
 		}
+	}
+	slices.Sort(released)
+	if want := []string{"kvm-lost/kvm-lost", "kvm-no-dir/kvm-no-dir"}; !slices.Equal(released, want) {
+		t.Errorf("NUMA reservations released: %v, want %v", released, want)
 	}
 	if _, err := os.Stat(filepath.Join(fdDir, "kvm-lost.sock")); !os.IsNotExist(err) {
 		t.Errorf("descriptor socket of the swept domain: %v, want it removed", err)
