@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // The host's libvirtd and virtlogd, as hack/setup-host.sh starts them
@@ -72,4 +74,14 @@ func ensureDaemon(t *testing.T, name string) {
 	if daemonPid(name) == 0 {
 		startDaemon(t, name)
 	}
+}
+
+// startPodVM starts a VM container of image in a new pod and waits until
+// its guest agent answers.
+func (c *containerd) startPodVM(t *testing.T, cl *criClient, name, image string) *podContainer {
+	t.Helper()
+	v := c.startPodContainer(t, cl, name, "kvm", image)
+	cl.waitContainerState(t, v.cid, cri.ContainerState_CONTAINER_RUNNING, bootTimeout)
+	cl.waitAgentCRI(t, v.cid, bootTimeout)
+	return v
 }

@@ -42,13 +42,9 @@ func TestPowerLoss(t *testing.T) {
 		c.cleanupAfter(t)
 		t.Cleanup(func() { ensureDaemon(t, "libvirtd") })
 		cl := c.cri(t)
-		kept := c.startPodContainer(t, cl, "vm-kept", "kvm", image)
-		gone := c.startPodContainer(t, cl, "vm-gone", "kvm", image)
+		kept := c.startPodVM(t, cl, "vm-kept", image)
+		gone := c.startPodVM(t, cl, "vm-gone", image)
 		token := fmt.Sprintf("KVM-POWERLOSS-%d", time.Now().UnixNano())
-		for _, v := range []*podContainer{kept, gone} {
-			cl.waitContainerState(t, v.cid, cri.ContainerState_CONTAINER_RUNNING, bootTimeout)
-			cl.waitAgentCRI(t, v.cid, bootTimeout)
-		}
 		writeDiskToken(t, cl, kept.cid, token)
 		keptDom, goneDom := c.podDomain(t, kept), c.podDomain(t, gone)
 		keptDir, goneDir := c.vmDirOf(t, keptDom), c.vmDirOf(t, goneDom)

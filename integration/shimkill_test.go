@@ -27,9 +27,7 @@ func TestCRIShimKilled(t *testing.T) {
 	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
 		c.cleanupAfter(t)
 		cl := c.cri(t)
-		v := c.startPodContainer(t, cl, "vm-shimkill", "kvm", image)
-		cl.waitContainerState(t, v.cid, cri.ContainerState_CONTAINER_RUNNING, bootTimeout)
-		cl.waitAgentCRI(t, v.cid, bootTimeout)
+		v := c.startPodVM(t, cl, "vm-shimkill", image)
 		token := fmt.Sprintf("KVM-SHIMKILL-%d", time.Now().UnixNano())
 		writeDiskToken(t, cl, v.cid, token)
 		before := guestUptime(t, cl, v.cid)
@@ -91,4 +89,14 @@ func guestUptime(t *testing.T, cl *criClient, cid string) float64 {
 		t.Fatalf("guest uptime %q: %v", r.Stdout, err)
 	}
 	return f
+}
+
+// guestBootID is the guest kernel's boot id: a new one at every boot.
+func guestBootID(t *testing.T, cl *criClient, cid string) string {
+	t.Helper()
+	r, err := cl.execSync(cid, 10, "cat", "/proc/sys/kernel/random/boot_id")
+	if err != nil || r.ExitCode != 0 || len(r.Stdout) == 0 {
+		t.Fatalf("guest boot id: %v %v", r, err)
+	}
+	return strings.TrimSpace(string(r.Stdout))
 }
