@@ -37,6 +37,9 @@ type vmTask struct {
 	cgroup   *cgroup.Group // QEMU's cgroup (the pod's); nil for none
 
 	powerOffOnResume bool // guarded by mu: a SIGTERM came while paused
+	// powerPressed: the ACPI power button was pressed (a shutdown was
+	// asked). Guarded by mu.
+	powerPressed bool
 
 	agent         *vm.Agent               // guarded by mu; the guest agent client, from Start
 	execs         map[string]*execProcess // guarded by mu; by exec id
@@ -522,8 +525,15 @@ func (t *vmTask) onStopped(ctx context.Context, reason vm.StopReason) {
 		t.mu.Unlock()
 		return
 	}
-	c := t.console
+	c, pressed := t.console, t.powerPressed
 	t.mu.Unlock()
+	if reason == vm.StopCrashed && pressed {
+		// libvirtd that comes back and finds QEMU gone calls the domain
+		// crashed, whatever ended it: a guest asked to power off that is
+		// gone when libvirtd returns counts as that power-off.
+		log.G(ctx).WithField("vm", t.rec.Domain).Info("libvirt reports the VM crashed after its power button was pressed (libvirtd was away while it stopped): counted as the power-off")
+		reason = vm.StopShutdown
+	}
 	if c != nil {
 		c.waitDrained(2 * time.Second)
 	}
@@ -559,6 +569,11 @@ func (t *vmTask) kill(ctx context.Context, sig uint32) error {
 			return nil
 		}
 		err = t.h.conn.Shutdown(t.rec.Domain)
+		if err == nil {
+			t.mu.Lock()
+			t.powerPressed = true
+			t.mu.Unlock()
+		}
 	default:
 		return fmt.Errorf("signal %d is not supported for a VM: SIGTERM, SIGINT or SIGPWR press the ACPI power button, SIGKILL destroys it: %w", sig, errdefs.ErrInvalidArgument)
 	}
@@ -629,6 +644,8 @@ func (t *vmTask) resume(ctx context.Context) error {
 		t.powerOffOnResume = false
 		if err := t.h.conn.Shutdown(t.rec.Domain); err != nil {
 			log.G(ctx).WithError(err).WithField("vm", t.rec.Domain).Warn("press the power button held while paused")
+		} else {
+			t.powerPressed = true
 		}
 	}
 	return nil
