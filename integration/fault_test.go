@@ -151,3 +151,51 @@ func TestFaultBetweenCalls(t *testing.T) {
 		}
 	})
 }
+
+// TestFaultStopInFlight: the stop row with the kill while StopContainer
+// is in flight (the guest is shutting down after its power button): with
+// containerd or libvirtd killed and back, the container ends EXITED with
+// 0, the guest's own power-off (kubelet's StopContainer retried after a
+// failed one), and the removal leaves nothing. The test fails, rather
+// than passes, when the stop ended before the kill.
+func TestFaultStopInFlight(t *testing.T) {
+	s := requireKVM(t, "bios", "pause")
+	image := s.images["bios"].ref
+	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
+		for _, cell := range daemonFaults(c)[:2] {
+			t.Run(cell.component, func(t *testing.T) {
+				c.cleanupAfter(t)
+				cl := c.cri(t)
+				v := c.startPodVM(t, cl, "vm-stopping-"+cell.component, image)
+				done := make(chan error, 1)
+				go func() {
+					ctx, cancel := criCtx()
+					defer cancel()
+					_, err := cl.Runtime.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: v.cid, Timeout: criStopGrace})
+					done <- err
+				}()
+				time.Sleep(300 * time.Millisecond)
+				select {
+				case err := <-done:
+					t.Fatalf("StopContainer ended (%v) before the kill: the cell did not hit a stop in flight", err)
+				default:
+				}
+				cell.kill(t, v)
+				err := <-done
+				t.Logf("StopContainer in flight across %s's kill returned %v", cell.component, err)
+				cl = c.cri(t)
+				if err != nil {
+					if err := cl.stopContainer(v); err != nil {
+						t.Errorf("StopContainer again (as kubelet retries): %v", err)
+					}
+				}
+				st := cl.waitContainerState(t, v.cid, cri.ContainerState_CONTAINER_EXITED, stopTimeout)
+				if st.ExitCode != 0 {
+					t.Errorf("the guest powered off across %s's kill, exit code %d reason %q, want 0", cell.component, st.ExitCode, st.Reason)
+				}
+				cl.removePod(t, v)
+				assertNothingLeft(t, c, v.shimIDs()...)
+			})
+		}
+	})
+}
