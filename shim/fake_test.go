@@ -302,3 +302,13 @@ func (f *fakeDomains) VCPUs(name string) (int, error) {
 	}
 	return d.vcpus, nil
 }
+
+func (f *fakeDomains) Domains() (map[string]vm.Metadata, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make(map[string]vm.Metadata, len(f.doms))
+	for name, d := range f.doms {
+		out[name] = d.meta
+	}
+	return out, nil
+}

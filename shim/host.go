@@ -68,6 +68,7 @@ type domains interface {
 	VCPUs(name string) (int, error)
 	RequestMemory(name string, mib int, timeout time.Duration) (vm.PluggedMemory, error)
 	Plugged(name string) (vm.PluggedMemory, error)
+	Domains() (map[string]vm.Metadata, error)
 }
 
 var _ domains = (*vm.Conn)(nil)

@@ -2,6 +2,7 @@ package shim
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/containerd/containerd/namespaces"
 	"github.com/containerd/containerd/runtime/v2/shim"
+	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
@@ -156,6 +158,7 @@ func (Manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 	}
 	bundle := filepath.Join(filepath.Dir(cwd), id)
 	status := shim.StopStatus{ExitedAt: time.Now(), ExitStatus: 128 + int(unix.SIGKILL)}
+	removeDeadShimSocket(ctx, bundle)
 	rec, err := readRecord(bundle)
 	if err != nil {
 		return status, err
@@ -183,6 +186,28 @@ func (Manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 		return status, releaseVM(ctx, conn, rec, bundle)
 	}
 	return status, fmt.Errorf("task record of %s has unknown kind %q", id, rec.Kind)
+}
+
+// removeDeadShimSocket removes the socket of the task's shim (named in
+// the bundle's address file, which Start writes for every task) when no
+// shim answers on it: a shim killed with SIGKILL cannot remove it, and a
+// new sandbox of the pod gets a socket of another name.
+func removeDeadShimSocket(ctx context.Context, bundle string) {
+	b, err := os.ReadFile(filepath.Join(bundle, "address"))
+	if err != nil {
+		return
+	}
+	address := strings.TrimSpace(string(b))
+	if address == "" || shim.CanConnect(address) {
+		return
+	}
+	if err := shim.RemoveSocket(address); errors.Is(err, os.ErrNotExist) {
+		return
+	} else if err != nil {
+		log.G(ctx).WithError(err).WithField("socket", address).Warn("remove the socket of a dead shim")
+		return
+	}
+	log.G(ctx).WithField("socket", address).Info("removed the socket of a dead shim")
 }
 
 // cleanupConnectBudget bounds how long the cleanup waits for libvirtd:

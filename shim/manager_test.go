@@ -79,3 +79,34 @@ func TestConnectForCleanupGivesUpOnHangingLibvirtd(t *testing.T) {
 		t.Errorf("gave up after %v, budget %v", took, cleanupConnectBudget)
 	}
 }
+
+func TestRemoveDeadShimSocket(t *testing.T) {
+	dir := t.TempDir()
+	dead, live := filepath.Join(dir, "dead.sock"), filepath.Join(dir, "live.sock")
+	for _, p := range []string{dead, live} {
+		l, err := net.Listen("unix", p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p == dead {
+			l.(*net.UnixListener).SetUnlinkOnClose(false)
+			l.Close()
+		} else {
+			defer l.Close()
+		}
+	}
+	for _, sock := range []string{dead, live} {
+		bundle := t.TempDir()
+		if err := os.WriteFile(filepath.Join(bundle, "address"), []byte("unix://"+sock), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		removeDeadShimSocket(context.Background(), bundle)
+	}
+	if _, err := os.Stat(dead); !os.IsNotExist(err) {
+		t.Errorf("socket of a dead shim: %v, want it removed", err)
+	}
+	if _, err := os.Stat(live); err != nil {
+		t.Errorf("socket of a live shim: %v, want it kept", err)
+	}
+	removeDeadShimSocket(context.Background(), t.TempDir()) // no address file: nothing to do
+}

@@ -496,6 +496,13 @@ func (s *service) vmHost(ctx context.Context, cfg *Config) (*host, error) {
 	s.host = h
 	s.mu.Unlock()
 	goSafe(ctx, "follow libvirt events", func() { s.followEvents(context.WithoutCancel(ctx), h) })
+	goSafe(ctx, "sweep VMs lost with their task records", func() {
+		var release func(string) error
+		if h.numa != nil {
+			release = h.numa.Release
+		}
+		sweep(context.WithoutCancel(ctx), h.layout, h.conn, h.fdSocketDir, release, time.Now())
+	})
 	return h, nil
 }
 

@@ -37,6 +37,9 @@ type vmTask struct {
 	cgroup   *cgroup.Group // QEMU's cgroup (the pod's); nil for none
 
 	powerOffOnResume bool // guarded by mu: a SIGTERM came while paused
+	// powerPressed: the ACPI power button was pressed (a shutdown was
+	// asked). Guarded by mu.
+	powerPressed bool
 
 	agent         *vm.Agent               // guarded by mu; the guest agent client, from Start
 	execs         map[string]*execProcess // guarded by mu; by exec id
@@ -210,6 +213,11 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		return nil, fmt.Errorf("create VM dir: %w", err)
 	}
 	undo.add(func() { _ = os.RemoveAll(vmDir) })
+	// The owner file tells the sweep of another shim that this dir is in
+	// use while no domain refers to it yet.
+	if err := writeMarker(filepath.Join(vmDir, ownerFile)); err != nil {
+		return nil, err
+	}
 
 	spec := vm.Spec{
 		Name: name, UUID: ident.UUID(),
@@ -531,8 +539,15 @@ func (t *vmTask) onStopped(ctx context.Context, reason vm.StopReason) {
 		t.mu.Unlock()
 		return
 	}
-	c := t.console
+	c, pressed := t.console, t.powerPressed
 	t.mu.Unlock()
+	if reason == vm.StopCrashed && pressed {
+		// libvirtd that comes back and finds QEMU gone calls the domain
+		// crashed, whatever ended it: a guest asked to power off that is
+		// gone when libvirtd returns counts as that power-off.
+		log.G(ctx).WithField("vm", t.rec.Domain).Info("libvirt reports the VM crashed after its power button was pressed (libvirtd was away while it stopped): counted as the power-off")
+		reason = vm.StopShutdown
+	}
 	if c != nil {
 		c.waitDrained(2 * time.Second)
 	}
@@ -568,6 +583,11 @@ func (t *vmTask) kill(ctx context.Context, sig uint32) error {
 			return nil
 		}
 		err = t.h.conn.Shutdown(t.rec.Domain)
+		if err == nil {
+			t.mu.Lock()
+			t.powerPressed = true
+			t.mu.Unlock()
+		}
 	default:
 		return fmt.Errorf("signal %d is not supported for a VM: SIGTERM, SIGINT or SIGPWR press the ACPI power button, SIGKILL destroys it: %w", sig, errdefs.ErrInvalidArgument)
 	}
@@ -638,6 +658,8 @@ func (t *vmTask) resume(ctx context.Context) error {
 		t.powerOffOnResume = false
 		if err := t.h.conn.Shutdown(t.rec.Domain); err != nil {
 			log.G(ctx).WithError(err).WithField("vm", t.rec.Domain).Warn("press the power button held while paused")
+		} else {
+			t.powerPressed = true
 		}
 	}
 	return nil
@@ -748,16 +770,7 @@ func releaseVM(ctx context.Context, conn domains, rec *taskRecord, bundle string
 	errs = append(errs, teardownNetwork(rec.Network))
 	errs = append(errs, releaseNUMA(rec))
 	if rec.VMDir != "" {
-		unmounted := true
-		for _, b := range readOnlyMounts(rec.VMDir) {
-			if err := vm.Unmount(b); err != nil {
-				errs = append(errs, err)
-				unmounted = false
-			}
-		}
-		if unmounted {
-			errs = append(errs, os.RemoveAll(rec.VMDir))
-		}
+		errs = append(errs, removeVMDir(rec.VMDir))
 	}
 	if rec.Overlay != "" && !rec.KeepOverlay {
 		for _, f := range vm.OverlayFiles(rec.Overlay) {

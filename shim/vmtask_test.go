@@ -152,6 +152,9 @@ func TestVMTaskExitStatus(t *testing.T) {
 		{"SIGKILL destroys", unix.SIGKILL, "destroy", vm.StopDestroyed, 137},
 		{"QEMU dies", 0, "", vm.StopFailed, 255},
 		{"guest crash", 0, "", vm.StopCrashed, 134},
+		// libvirtd restarted while the guest powered off: libvirt finds
+		// QEMU gone and calls it crashed.
+		{"SIGTERM, then crashed", unix.SIGTERM, "shutdown", vm.StopCrashed, 0},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

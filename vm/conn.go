@@ -29,6 +29,12 @@ type Conn struct {
 	mu   sync.Mutex
 	l    *libvirt.Libvirt // guarded by mu; nil while disconnected
 	sock net.Conn         // l's socket, guarded by mu
+	// back is closed when a lost connection is made again; nil while
+	// connected or closed. Guarded by mu.
+	back chan struct{}
+	// wake makes the reconnect loop try at once, without its backoff: a
+	// caller waits for libvirtd (see client).
+	wake chan struct{}
 
 	cancel context.CancelFunc // ends the forwarding and reconnect loop
 	// subCtx carries the event subscriptions. It is canceled only after
@@ -61,6 +67,7 @@ func Connect(ctx context.Context, socket string) (*Conn, error) {
 		subCtx:    subCtx,
 		subCancel: subCancel,
 		done:      make(chan struct{}),
+		wake:      make(chan struct{}, 1),
 	}
 	lifecycle, err := l.LifecycleEvents(subCtx)
 	if err != nil {
@@ -167,7 +174,7 @@ func (c *Conn) run(ctx context.Context, l *libvirt.Libvirt, lifecycle <-chan lib
 		}
 		c.mu.Lock()
 		_ = c.sock.Close()
-		c.l, c.sock = nil, nil
+		c.l, c.sock, c.back = nil, nil, make(chan struct{})
 		c.mu.Unlock()
 		log.G(ctx).WithField("socket", c.socket).Warn("lost connection to libvirtd, reconnecting")
 
@@ -178,6 +185,8 @@ func (c *Conn) run(ctx context.Context, l *libvirt.Libvirt, lifecycle <-chan lib
 		lifecycle = ll
 		c.mu.Lock()
 		c.l, c.sock = l, sock
+		close(c.back)
+		c.back = nil
 		c.mu.Unlock()
 		log.G(ctx).WithField("socket", c.socket).Info("reconnected to libvirtd")
 		select {
@@ -215,6 +224,7 @@ func (c *Conn) reconnect(ctx context.Context) (*libvirt.Libvirt, net.Conn, <-cha
 		case <-ctx.Done():
 			return nil, nil, nil, ctx.Err()
 		case <-time.After(backoff):
+		case <-c.wake:
 		}
 		if backoff < 5*time.Second {
 			backoff *= 2
@@ -235,15 +245,38 @@ func (c *Conn) reconnect(ctx context.Context) (*libvirt.Libvirt, net.Conn, <-cha
 	}
 }
 
-// client returns the live connection or an Unavailable error while
-// reconnecting.
+// reconnectWait is how long a call waits for a lost connection to come
+// back before it gets Unavailable. libvirtd that restarts answers again
+// within it; the call makes the reconnect loop try at once, so a call
+// right after libvirtd returned does not fail for the loop's backoff.
+const reconnectWait = 3 * time.Second
+
+// client returns the live connection. While reconnecting it makes the
+// loop try now and waits up to reconnectWait; then Unavailable.
 func (c *Conn) client() (*libvirt.Libvirt, error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.l == nil {
-		return nil, fmt.Errorf("libvirtd connection lost, reconnecting: %w", errdefs.ErrUnavailable)
+	l, back := c.l, c.back
+	c.mu.Unlock()
+	if l != nil {
+		return l, nil
 	}
-	return c.l, nil
+	if back != nil {
+		select {
+		case c.wake <- struct{}{}:
+		default:
+		}
+		select {
+		case <-back:
+		case <-time.After(reconnectWait):
+		}
+		c.mu.Lock()
+		l = c.l
+		c.mu.Unlock()
+		if l != nil {
+			return l, nil
+		}
+	}
+	return nil, fmt.Errorf("libvirtd connection lost, reconnecting: %w", errdefs.ErrUnavailable)
 }
 
 // Version returns libvirtd's library version as "major.minor.micro".

@@ -217,6 +217,26 @@ func (c *Containerd) Restart(ctx context.Context) error {
 	case <-time.After(30 * time.Second):
 		return fmt.Errorf("containerd %s ignored SIGTERM for 30s", c.Flavour.Name)
 	}
+	return c.Relaunch(ctx)
+}
+
+// Crash kills the daemon with SIGKILL, as a power loss or the OOM killer
+// does, and reaps it. Its shims are left alone.
+func (c *Containerd) Crash() error {
+	if c.Exited() {
+		return fmt.Errorf("containerd %s had exited: %v", c.Flavour.Name, c.waitErr)
+	}
+	_ = c.cmd.Process.Kill()
+	<-c.exited
+	return nil
+}
+
+// Relaunch starts the daemon again after Crash or a stop, with the same
+// configuration, and waits until it is ready.
+func (c *Containerd) Relaunch(ctx context.Context) error {
+	if !c.Exited() {
+		return fmt.Errorf("containerd %s is still running", c.Flavour.Name)
+	}
 	if err := c.launch(); err != nil {
 		return err
 	}

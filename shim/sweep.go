@@ -1,0 +1,137 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/log"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
+)
+
+// A VM's runtime dir (vms/<key>/) and domain definition are released by
+// the task's delete, or by the cleanup `delete` containerd runs after a
+// shim died, both from the task record in the bundle. After a power loss
+// the bundle (on tmpfs) is gone with containerd's state, so nothing would
+// release them: the sweep does, at the first libvirt connection of each
+// shim (a pod's sandbox start or a VM's create).
+//
+// What belongs to no live VM: a domain of this state dir that is not
+// running and whose runtime dir's owner (the shim that made it) is gone;
+// a runtime dir that no domain refers to, whose owner is gone. A running
+// domain is never touched: its shim may be dead while containerd is away,
+// and containerd's cleanup decides about it when it returns.
+
+// ownerFile in a VM's runtime dir names the shim that made the dir, by pid
+// and start time (as a sandbox marker does).
+const ownerFile = "owner.json"
+
+// sweepGrace spares a runtime dir without an owner file (made by a shim
+// before it wrote one, or by an older shim) while it is this young.
+const sweepGrace = time.Minute
+
+// sweeper is what the sweep needs of libvirt.
+type sweeper interface {
+	Domains() (map[string]vm.Metadata, error)
+	State(name string) (vm.State, error)
+	Undefine(name string) error
+}
+
+// ownerGone reports whether the shim that made vmDir is gone. A dir
+// without an owner file counts as gone once it is older than sweepGrace;
+// a missing dir has no owner.
+func ownerGone(vmDir string, now time.Time) bool {
+	st, err := os.Stat(vmDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return true
+	}
+	if err != nil {
+		return false
+	}
+	if _, err := os.Stat(filepath.Join(vmDir, ownerFile)); errors.Is(err, os.ErrNotExist) {
+		return now.Sub(st.ModTime()) > sweepGrace
+	}
+	return !markerAlive(filepath.Join(vmDir, ownerFile))
+}
+
+// sweep releases the domains and runtime dirs under l that belong to no
+// live VM, and logs each. fdSocketDir holds the VMs' descriptor sockets;
+// releaseNUMA (nil: no NUMA store) gives back a swept VM's reservation by
+// its owner key. Errors are logged: the sweep is tried again by the next
+// shim.
+func sweep(ctx context.Context, l layout, conn sweeper, fdSocketDir string, releaseNUMA func(owner string) error, now time.Time) {
+	doms, err := conn.Domains()
+	if err != nil {
+		log.G(ctx).WithError(err).Warn("sweep: list domains; nothing swept")
+		return
+	}
+	vmsDir := filepath.Join(l.root, "vms")
+	referenced := map[string]bool{}
+	for name, m := range doms {
+		if filepath.Dir(m.StateDir) != vmsDir {
+			continue // another state dir's VM (another shim configuration)
+		}
+		if !ownerGone(m.StateDir, now) {
+			referenced[m.StateDir] = true
+			continue
+		}
+		st, err := conn.State(name)
+		if err != nil || st.Running {
+			referenced[m.StateDir] = true
+			continue
+		}
+		if err := conn.Undefine(name); err != nil && !errdefs.IsNotFound(err) {
+			log.G(ctx).WithError(err).WithField("vm", name).Warn("sweep: undefine a domain of no live VM")
+			referenced[m.StateDir] = true
+			continue
+		}
+		if err := os.Remove(netfd.SocketPath(fdSocketDir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			log.G(ctx).WithError(err).WithField("vm", name).Warn("sweep: remove a descriptor socket")
+		}
+		if releaseNUMA != nil {
+			if err := releaseNUMA(numaOwner(name, m.ContainerID)); err != nil {
+				log.G(ctx).WithError(err).WithField("vm", name).Warn("sweep: release a NUMA reservation")
+			}
+		}
+		log.G(ctx).WithField("vm", name).WithField("container", m.ContainerID).WithField("pod", m.PodUID).
+			Info("sweep: undefined the stopped domain of a VM whose shim is gone (lost with its task record, e.g. by a power loss)")
+	}
+	entries, err := os.ReadDir(vmsDir)
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			log.G(ctx).WithError(err).Warn("sweep: read the VMs' runtime dirs")
+		}
+		return
+	}
+	for _, e := range entries {
+		dir := filepath.Join(vmsDir, e.Name())
+		if !e.IsDir() || referenced[dir] || !ownerGone(dir, now) {
+			continue
+		}
+		if err := removeVMDir(dir); err != nil {
+			log.G(ctx).WithError(err).WithField("dir", dir).Warn("sweep: remove the runtime dir of no live VM")
+			continue
+		}
+		log.G(ctx).WithField("dir", dir).Info("sweep: removed the runtime dir of a VM whose shim and domain are gone (console log, config drive, mounts)")
+	}
+}
+
+// removeVMDir unmounts the read-only mounts in a VM's runtime dir, then
+// removes it; a mount that stays keeps the dir.
+func removeVMDir(dir string) error {
+	var errs []error
+	for _, b := range readOnlyMounts(dir) {
+		if err := vm.Unmount(b); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return os.RemoveAll(dir)
+}

@@ -1,0 +1,101 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/procfs"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
+)
+
+// vmDirOwnedBy makes a runtime dir under l whose owner file names this
+// process, alive or (with a wrong start time) a dead shim.
+func vmDirOwnedBy(t *testing.T, l layout, key string, alive bool) string {
+	t.Helper()
+	dir := l.vmDir(key)
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "console.log"), []byte("guest output"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	st, err := procfs.StartTime(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !alive {
+		st++
+	}
+	b, _ := json.Marshal(marker{Pid: os.Getpid(), StartTime: st})
+	if err := os.WriteFile(filepath.Join(dir, ownerFile), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func TestSweepReleasesOnlyWhatBelongsToNoLiveVM(t *testing.T) {
+	l := layout{root: t.TempDir()}
+	fdDir := t.TempDir()
+	f := newFakeDomains()
+	dom := func(name, dir string, running bool) {
+		f.doms[name] = &fakeDomain{meta: vm.Metadata{ContainerID: name, StateDir: dir}, running: running}
+	}
+
+	lost := vmDirOwnedBy(t, l, "lost", false) // power loss: stopped domain, shim gone
+	dom("kvm-lost", lost, false)
+	if err := os.WriteFile(filepath.Join(fdDir, "kvm-lost.sock"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	running := vmDirOwnedBy(t, l, "running", false) // shim gone, VM runs on
+	dom("kvm-running", running, true)
+	exited := vmDirOwnedBy(t, l, "exited", true) // an exited container of a live shim
+	dom("kvm-exited", exited, false)
+	creating := vmDirOwnedBy(t, l, "creating", true) // a Create before its Define
+	orphan := vmDirOwnedBy(t, l, "orphan", false)    // domain already undefined
+	young := l.vmDir("young")                        // made before its owner file
+	old := l.vmDir("old")                            // an older shim's, long gone
+	for _, d := range []string{young, old} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Now()
+	if err := os.Chtimes(old, now.Add(-2*sweepGrace), now.Add(-2*sweepGrace)); err != nil {
+		t.Fatal(err)
+	}
+	dom("kvm-other-state-dir", filepath.Join(t.TempDir(), "vms", "x"), false)
+	dom("kvm-no-dir", l.vmDir("vanished"), false)
+
+	var released []string
+	sweep(context.Background(), l, f, fdDir, func(owner string) error {
+		released = append(released, owner)
+		return nil
+	}, now)
+
+	var left []string
+	for name := range f.doms {
+		left = append(left, name)
+	}
+	slices.Sort(left)
+	if want := []string{"kvm-exited", "kvm-other-state-dir", "kvm-running"}; !slices.Equal(left, want) {
+		t.Errorf("domains left: %v, want %v", left, want)
+	}
+	for dir, keep := range map[string]bool{lost: false, running: true, exited: true, creating: true, orphan: false, young: true, old: false} {
+		_, err := os.Stat(dir)
+		if kept := err == nil; kept != keep {
+			t.Errorf("%s: kept=%v, want %v (stat: %v)", filepath.Base(dir), kept, keep, err)
+		}
+	}
+	slices.Sort(released)
+	if want := []string{"kvm-lost/kvm-lost", "kvm-no-dir/kvm-no-dir"}; !slices.Equal(released, want) {
+		t.Errorf("NUMA reservations released: %v, want %v", released, want)
+	}
+	if _, err := os.Stat(filepath.Join(fdDir, "kvm-lost.sock")); !os.IsNotExist(err) {
+		t.Errorf("descriptor socket of the swept domain: %v, want it removed", err)
+	}
+}
