@@ -186,9 +186,10 @@ func (s *Spec) validateText() error {
 		if !xmlText(v) {
 			return fmt.Errorf("%s %q has a character XML cannot carry", what, v)
 		}
-		// libvirt's schema takes only absolute paths for files it opens.
-		if strings.HasSuffix(what, " path") && v != "" && !filepath.IsAbs(v) {
-			return fmt.Errorf("%s %q is not an absolute path", what, v)
+		// libvirt's schema takes only absolute paths below / for files
+		// it opens (its absFilePath: "/" alone fails).
+		if strings.HasSuffix(what, " path") && v != "" && (!filepath.IsAbs(v) || filepath.Clean(v) == "/") {
+			return fmt.Errorf("%s %q is not an absolute path of a file", what, v)
 		}
 	}
 	return nil
