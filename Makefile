@@ -10,12 +10,15 @@ LDFLAGS  := -s -w -X main.version=$(VERSION) -X main.revision=$(REVISION)
 GO       ?= go
 # Integration tests boot real VMs under TCG; give them room.
 INTEGRATION_TIMEOUT ?= 80m
+# FUZZTIME is how long `make fuzz` runs each fuzz target.
+FUZZTIME ?= 30s
+FUZZ_TARGETS = configdrive:FuzzAnnotations configdrive:FuzzSanitizeHostname shim:FuzzPodAnnotations shim:FuzzReadRecord vm:FuzzImageFormat vm:FuzzRender
 INTEGRATION_RUN     ?= .
 # The e2e tier: one private Kubernetes node per containerd flavour.
 E2E_TIMEOUT ?= 60m
 E2E_RUN     ?= .
 
-.PHONY: help build install setup setup-demo images k8s unit integration e2e test demo bench bench-net bench-numa clean
+.PHONY: help build install setup setup-demo images k8s unit fuzz integration e2e test demo bench bench-net bench-numa clean
 
 help: ## Show this help
 	@awk 'BEGIN{FS=":.*## "} /^[a-z0-9-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -40,6 +43,12 @@ images: ## Build the guest test images (OCI archives in _output/images), includi
 
 unit: ## Run the unit tests (privileged ones skip unless root; includes a full cloud-init guest boot under TCG)
 	$(GO) test -timeout 20m ./...
+
+fuzz: ## Run every fuzz target for FUZZTIME (default 30s) each, one after another, niced
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		echo "== $${t#*:} ($${t%%:*}, $(FUZZTIME))"; \
+		nice -n 19 $(GO) test -run='^$$' -fuzz="^$${t#*:}\$$" -fuzztime=$(FUZZTIME) -parallel=1 ./$${t%%:*}/; \
+	done
 
 integration: setup build images ## Run the integration tests against real containerd 1.6 and 2.x, libvirtd and QEMU
 	$(GO) test -tags integration -count=1 -v -timeout $(INTEGRATION_TIMEOUT) -run '$(INTEGRATION_RUN)' ./integration/

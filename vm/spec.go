@@ -3,7 +3,10 @@ package vm
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"regexp"
+	"strings"
+	"unicode/utf8"
 )
 
 // Accel is the acceleration a domain runs with.
@@ -150,5 +153,66 @@ func (s *Spec) Validate() error {
 	case s.Pinning != nil && len(s.Pinning.VCPUPins) > 0 && len(s.Pinning.VCPUPins) != s.VCPUs:
 		return fmt.Errorf("%d vCPU pins for %d vCPUs", len(s.Pinning.VCPUPins), s.VCPUs)
 	}
+	if err := s.validateText(); err != nil {
+		return err
+	}
 	return s.validateVolumes()
+}
+
+// validateText refuses a string the domain XML cannot carry: invalid
+// UTF-8 or a character outside XML 1.0's Char production (most control
+// characters, U+FFFE, U+FFFF). encoding/xml would write U+FFFD in its
+// place, so libvirt would get a different name or path than the spec's.
+func (s *Spec) validateText() error {
+	fields := map[string]string{
+		"domain name": s.Name, "machine": s.Machine,
+		"console socket path": s.Console.Socket, "console log path": s.Console.Log,
+		"virtiofsd path":      s.VirtiofsBinary,
+		"metadata sandbox-id": s.Meta.SandboxID, "metadata container-id": s.Meta.ContainerID,
+		"metadata namespace": s.Meta.Namespace, "metadata pod-uid": s.Meta.PodUID,
+		"metadata pod-name": s.Meta.PodName, "metadata pod-namespace": s.Meta.PodNamespace,
+		"metadata container-name": s.Meta.ContainerName, "metadata state-dir": s.Meta.StateDir,
+		"metadata numa": s.Meta.NUMA,
+	}
+	if s.Disk != nil {
+		fields["disk path"] = s.Disk.Path
+	}
+	if s.Kernel != nil {
+		fields["kernel path"], fields["initrd path"], fields["kernel command line"] = s.Kernel.Path, s.Kernel.Initrd, s.Kernel.Cmdline
+	}
+	if s.ConfigDrive != nil {
+		fields["config drive path"] = s.ConfigDrive.Path
+	}
+	for _, d := range s.VolumeDisks {
+		fields["volume "+d.Name+" path"], fields["volume name "+d.Name] = d.Path, d.Name
+	}
+	for _, sh := range s.Shares {
+		fields["volume "+sh.Name+" source path"], fields["volume name "+sh.Name] = sh.Source, sh.Name
+	}
+	for what, v := range fields {
+		if !xmlText(v) {
+			return fmt.Errorf("%s %q has a character XML cannot carry", what, v)
+		}
+		// libvirt's schema takes only absolute paths below / for files
+		// it opens (its absFilePath: "/" alone fails).
+		if strings.HasSuffix(what, " path") && v != "" && (!filepath.IsAbs(v) || filepath.Clean(v) == "/") {
+			return fmt.Errorf("%s %q is not an absolute path of a file", what, v)
+		}
+	}
+	return nil
+}
+
+// xmlText: v is valid UTF-8 of XML 1.0 Chars only.
+func xmlText(v string) bool {
+	if !utf8.ValidString(v) {
+		return false
+	}
+	for _, r := range v {
+		ok := r == '\t' || r == '\n' || r == '\r' || (r >= 0x20 && r <= 0xD7FF) ||
+			(r >= 0xE000 && r <= 0xFFFD) || (r >= 0x10000 && r <= 0x10FFFF)
+		if !ok {
+			return false
+		}
+	}
+	return true
 }
