@@ -3,12 +3,14 @@ package shim
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/log"
+	"github.com/moby/sys/mountinfo"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
@@ -121,8 +123,9 @@ func sweep(ctx context.Context, l layout, conn sweeper, fdSocketDir string, rele
 	}
 }
 
-// removeVMDir unmounts the read-only mounts in a VM's runtime dir, then
-// removes it; a mount that stays keeps the dir.
+// removeVMDir unmounts the bind mounts in a VM's runtime dir, then
+// removes it. A mount that stays keeps the dir, and so does any other
+// mount below it: removing the dir must never reach into a volume's data.
 func removeVMDir(dir string) error {
 	var errs []error
 	for _, b := range readOnlyMounts(dir) {
@@ -132,6 +135,13 @@ func removeVMDir(dir string) error {
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
+	}
+	left, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
+	if err != nil {
+		return fmt.Errorf("remove %s: list mounts: %w", dir, err)
+	}
+	if len(left) > 0 {
+		return fmt.Errorf("remove %s: %s is still mounted: %w", dir, left[0].Mountpoint, errdefs.ErrFailedPrecondition)
 	}
 	return os.RemoveAll(dir)
 }

@@ -6,8 +6,12 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/containerd/containerd/errdefs"
+	"golang.org/x/sys/unix"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/procfs"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
@@ -97,5 +101,44 @@ func TestSweepReleasesOnlyWhatBelongsToNoLiveVM(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(fdDir, "kvm-lost.sock")); !os.IsNotExist(err) {
 		t.Errorf("descriptor socket of the swept domain: %v, want it removed", err)
+	}
+}
+
+// Removing a VM dir never reaches through a mount it did not make itself:
+// a volume mounted anywhere below it keeps the dir and the volume's data.
+func TestRemoveVMDirStopsAtAMount(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to bind mount")
+	}
+	dir := filepath.Join(t.TempDir(), "vm")
+	volume := t.TempDir()
+	data := filepath.Join(volume, "data")
+	if err := os.WriteFile(data, []byte("keep"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(dir, "elsewhere", "mnt")
+	if err := os.MkdirAll(target, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(volume, target, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(target, unix.MNT_DETACH) })
+
+	err := removeVMDir(dir)
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), target) {
+		t.Errorf("removeVMDir with %s mounted: %v, want FailedPrecondition naming it", target, err)
+	}
+	if b, err := os.ReadFile(data); err != nil || string(b) != "keep" {
+		t.Fatalf("the mounted volume's data: %q, %v", b, err)
+	}
+	if err := unix.Unmount(target, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := removeVMDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("dir left after the mount went: %v", err)
 	}
 }
