@@ -149,6 +149,29 @@ func checkPagesOnNodes(t *testing.T, pid int, nodes string) {
 	}
 }
 
+// virtiofsdServing lists the virtiofsd processes whose command line
+// serves dir (libvirt passes it as -o source=<dir>).
+func virtiofsdServing(t *testing.T, dir string) []int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if strings.Contains(filepath.Base(exe), "virtiofsd") && strings.Contains(string(cmd), "source="+dir) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
 // startVMIn runs a pod in the cgroup parent and starts a VM container of
 // cfg in it (CreateContainer, then StartContainer, like kubelet).
 func (c *containerd) startVMIn(t *testing.T, cl *criClient, name, parent string, cfg *cri.ContainerConfig) *podContainer {
@@ -169,7 +192,12 @@ func TestCRIPodCgroup(t *testing.T) {
 		parent := c.podCgroup(t, h) // removed after the pods: cleanups run last first
 		c.cleanupAfter(t)
 		cl := c.cri(t)
-		v := c.startVMIn(t, cl, "vm-cgroup", parent, containerConfig("vm", s.images["kernel"].ref, nil))
+		// A share: libvirt starts a virtiofsd for it, which the shim
+		// charges to the pod too.
+		share := t.TempDir()
+		cfg := containerConfig("vm", s.images["kernel"].ref, nil)
+		cfg.Mounts = []*cri.Mount{{ContainerPath: "/shared", HostPath: share}}
+		v := c.startVMIn(t, cl, "vm-cgroup", parent, cfg)
 		cid := v.cid
 		want := parent + "/" + cid
 		g, err := h.Group(want)
@@ -184,8 +212,18 @@ func TestCRIPodCgroup(t *testing.T) {
 			t.Fatalf("QEMU pid %d: %v", pid, err)
 		}
 		checkThreadsInCgroup(t, h, pid, want)
-		if procs, err := g.Procs(); err != nil || len(procs) != 1 || procs[0] != pid {
-			t.Errorf("the container's cgroup holds %v (%v), want QEMU alone (%d)", procs, err, pid)
+		fsd := virtiofsdServing(t, share)
+		if len(fsd) == 0 {
+			t.Fatalf("no virtiofsd serves %s", share)
+		}
+		for _, p := range fsd {
+			checkThreadsInCgroup(t, h, p, want)
+		}
+		procs, err := g.Procs()
+		slices.Sort(procs)
+		wantProcs := slices.Sorted(slices.Values(append([]int{pid}, fsd...)))
+		if err != nil || !slices.Equal(procs, wantProcs) {
+			t.Errorf("the container's cgroup holds %v (%v), want QEMU %d and its virtiofsd %v", procs, err, pid, fsd)
 		}
 
 		// NUMA binding and vCPU affinity survive the move.

@@ -89,6 +89,30 @@ func joinVMCgroup(g *cgroup.Group, pid int) error {
 	return nil
 }
 
+// chargeVirtiofsd moves the virtiofsd daemons libvirt started for the
+// VM's shares (and their sandbox children) into the VM's cgroup, before
+// the guest runs: they serve the pod's volumes and are the pod's cost.
+// libvirt starts them in its own cgroups, outside the pod.
+func (t *vmTask) chargeVirtiofsd(ctx context.Context) error {
+	if t.cgroup == nil || t.shares == 0 {
+		return nil
+	}
+	pids, err := t.h.conn.VirtiofsdPIDs(t.rec.Domain)
+	if err != nil {
+		return fmt.Errorf("find the VM's virtiofsd: %w", err)
+	}
+	if len(pids) < t.shares {
+		return fmt.Errorf("found %d virtiofsd processes for %d shares of domain %s: %w", len(pids), t.shares, t.rec.Domain, errdefs.ErrFailedPrecondition)
+	}
+	for _, pid := range pids {
+		if err := t.cgroup.Join(pid); err != nil {
+			return fmt.Errorf("charge virtiofsd to the pod: %w", err)
+		}
+	}
+	log.G(ctx).WithField("vm", t.rec.Domain).WithField("pids", pids).Info("virtiofsd charged to the pod's cgroup")
+	return nil
+}
+
 // removeVMCgroup removes the cgroup the record says this task created
 // (also for the cleanup after a shim crash, which has no host).
 func removeVMCgroup(rec *taskRecord) error {

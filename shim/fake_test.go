@@ -251,6 +251,8 @@ func (f *fakeDomains) PID(name string) (int, error) {
 	return 4242, nil
 }
 
+func (f *fakeDomains) VirtiofsdPIDs(name string) ([]int, error) { return nil, nil }
+
 func (f *fakeDomains) SetVCPUs(name string, n int) error {
 	return f.simple(fmt.Sprintf("setvcpus %d", n), name, func(d *fakeDomain) error {
 		if !d.running {

@@ -35,6 +35,7 @@ type vmTask struct {
 	console  *console      // guarded by mu
 	fdServer *netfd.Server // hands the VM's network descriptors to its QEMU; nil without network
 	cgroup   *cgroup.Group // QEMU's cgroup (the pod's); nil for none
+	shares   int           // virtiofs shares: libvirt runs a virtiofsd for each
 
 	powerOffOnResume bool // guarded by mu: a SIGTERM came while paused
 	// powerPressed: the ACPI power button was pressed (a shutdown was
@@ -340,7 +341,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		WithField("vcpus", set.vcpus).WithField("memoryMiB", set.memMiB).
 		WithField("took", ph.String()).Info("defined VM")
 	return &vmTask{proc: newProc(r.id, r.bundle, r.stdio, publish), h: h, rec: rec, fdServer: fdServer, cgroup: cg,
-		vcpus: set.vcpus, memMiB: set.memMiB, maxVCPUs: max(set.maxVCPUs, set.vcpus), mem: memSize}, nil
+		shares: len(spec.Shares), vcpus: set.vcpus, memMiB: set.memMiB, maxVCPUs: max(set.maxVCPUs, set.vcpus), mem: memSize}, nil
 }
 
 // takeOverDomainName makes sure name is free for container id: a stopped
@@ -487,6 +488,9 @@ func (t *vmTask) start(ctx context.Context) (int, error) {
 	if err == nil {
 		// Already done in the descriptor handoff for a VM with a network.
 		err = joinVMCgroup(t.cgroup, pid)
+	}
+	if err == nil {
+		err = t.chargeVirtiofsd(ctx)
 	}
 	if err == nil {
 		err = t.h.conn.Resume(name)

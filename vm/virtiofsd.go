@@ -1,0 +1,113 @@
+package vm
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// QEMULibDir is where libvirt's QEMU driver keeps each running domain's
+// private files: domain-<id>-<short name>/, with one pid file per
+// virtiofsd it started (<alias>-fs.pid).
+const QEMULibDir = "/var/lib/libvirt/qemu"
+
+// shortNameMax is how much of a domain's name libvirt puts in its short
+// name (VIR_DOMAIN_SHORT_NAME_MAX).
+const shortNameMax = 20
+
+// virtiofsdDir is the private dir of the running domain with id and name.
+func virtiofsdDir(libDir string, id int32, name string) string {
+	short := name
+	if len(short) > shortNameMax {
+		short = short[:shortNameMax]
+	}
+	return filepath.Join(libDir, fmt.Sprintf("domain-%d-%s", id, short))
+}
+
+// VirtiofsdPIDs lists the processes of the virtiofsd daemons libvirt runs
+// for the running domain name: each daemon from its pid file, and its
+// children (virtiofsd's sandbox is a forked child). A domain without
+// shares has none. Each pid is checked to be a virtiofsd.
+func (c *Conn) VirtiofsdPIDs(name string) ([]int, error) {
+	_, d, err := c.lookup(name)
+	if err != nil {
+		return nil, err
+	}
+	return virtiofsdPIDs(virtiofsdDir(QEMULibDir, d.ID, name), "/proc")
+}
+
+func virtiofsdPIDs(dir, proc string) ([]int, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "*-fs.pid"))
+	if err != nil {
+		return nil, err
+	}
+	var daemons []int
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("virtiofsd pid file: %w", err)
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || pid <= 1 {
+			return nil, fmt.Errorf("virtiofsd pid file %s holds %q", f, b)
+		}
+		if !isVirtiofsd(proc, pid) {
+			return nil, fmt.Errorf("pid %d of %s is not a virtiofsd", pid, f)
+		}
+		daemons = append(daemons, pid)
+	}
+	if len(daemons) == 0 {
+		return nil, nil
+	}
+	children, err := childrenOf(proc, daemons)
+	if err != nil {
+		return nil, err
+	}
+	return append(daemons, children...), nil
+}
+
+// isVirtiofsd reports whether pid runs a virtiofsd binary.
+func isVirtiofsd(proc string, pid int) bool {
+	exe, err := os.Readlink(filepath.Join(proc, strconv.Itoa(pid), "exe"))
+	return err == nil && strings.Contains(filepath.Base(exe), "virtiofsd")
+}
+
+// childrenOf lists the virtiofsd processes whose parent is one of parents.
+func childrenOf(proc string, parents []int) ([]int, error) {
+	entries, err := os.ReadDir(proc)
+	if err != nil {
+		return nil, err
+	}
+	isParent := map[int]bool{}
+	for _, p := range parents {
+		isParent[p] = true
+	}
+	var kids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(proc, e.Name(), "status"))
+		if err != nil {
+			continue // gone meanwhile
+		}
+		if isParent[ppid(string(b))] && isVirtiofsd(proc, pid) {
+			kids = append(kids, pid)
+		}
+	}
+	return kids, nil
+}
+
+// ppid reads the PPid line of /proc/<pid>/status.
+func ppid(status string) int {
+	for _, l := range strings.Split(status, "\n") {
+		if v, ok := strings.CutPrefix(l, "PPid:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return 0
+}
