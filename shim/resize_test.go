@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -220,5 +221,59 @@ func TestVMTaskUpdateFailedPlug(t *testing.T) {
 	}
 	if n, _ := f.fake.VCPUs(vt.rec.Domain); n != 1 {
 		t.Errorf("after a failed plug the domain has %d vCPUs, want 1", n)
+	}
+}
+
+// The NUMA reservation follows the vCPUs online in the guest: it shrinks
+// with an offline, grows before an online or a plug, and a growth the node
+// has no room for is ResourceExhausted with nothing asked of the guest.
+func TestVMTaskUpdateVCPUsNUMA(t *testing.T) {
+	f := newVMFixture(t)
+	f.host.cfg.NUMAStateFile = filepath.Join(t.TempDir(), "numa.json")
+	topo := &numa.Topology{Nodes: []numa.Node{{ID: 0, CPUs: []int{0, 1}, MemoryBytes: 8 << 30, Distances: []int{10}}}}
+	store, err := numa.OpenStore(f.host.cfg.NUMAStateFile, topo, numa.Policy{CPUThreshold: 1.5, MemThreshold: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.host.numa = store
+	vt := f.started()
+	reserved := func() int {
+		ps, err := store.Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range ps {
+			if p.Owner == vt.rec.NUMAOwner {
+				return p.VCPUs
+			}
+		}
+		return 0
+	}
+	ctx := context.Background()
+	for _, step := range []struct {
+		quota      int64
+		noAgent    bool
+		is         func(error) bool
+		want, live int
+	}{
+		{quota: 200000, want: 2, live: 2},
+		{quota: 100000, want: 1, live: 1},
+		{quota: 300000, want: 3, live: 3}, // 3 vCPUs fit 2 CPUs at 1.5 each
+		{quota: 100000, want: 1, live: 1},
+		{quota: 200000, noAgent: true, is: errdefs.IsFailedPrecondition, want: 1, live: 1},
+		{quota: 400000, is: errdefs.IsResourceExhausted, want: 1, live: 1},
+	} {
+		f.fake.guest.SetAbsent(step.noAgent)
+		calls := len(f.fake.called())
+		err := vt.update(ctx, cpuResources(step.quota))
+		if step.is == nil && err != nil || step.is != nil && !step.is(err) {
+			t.Fatalf("to %d vCPUs: %v", step.quota/100000, err)
+		}
+		if got := reserved(); got != step.want || vt.vcpus != step.live {
+			t.Errorf("to %d vCPUs (%v): reservation %d vCPUs, task %d online; want %d, %d", step.quota/100000, err, got, vt.vcpus, step.want, step.live)
+		}
+		if errdefs.IsResourceExhausted(err) && len(f.fake.called()) != calls {
+			t.Errorf("a growth without room asked %v", f.fake.called()[calls:])
+		}
 	}
 }
