@@ -57,7 +57,7 @@ func updateCPU(cl *criClient, cid string, cpus int64, memory int64) error {
 // like the others; then its memory from 256 to 512 MiB through virtio-mem
 // and back, seen in the guest's MemTotal; then from 2 to 1 vCPU, CPU 1
 // taken offline in the guest by its agent while QEMU keeps the thread,
-// back to 2 (onlined again) and to 3 (onlined, then a real hot-plug).
+// back to 2 (onlined again) and to 3 (a real hot-plug).
 // ContainerStatus reports the new resources. Sizes above the VM's
 // maximums, memory below what the guest booted with and a paused VM are
 // refused and leave the VM as it was.
