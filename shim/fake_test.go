@@ -25,9 +25,10 @@ type fakeDomains struct {
 	shutdown func(name string) // called as a Shutdown begins, without mu
 	guest    *vmtest.FakeGuest // the agent of every domain
 	pid      int               // QEMU's pid for every domain; 0 is 4242
-	vcpuErr  error             // SetVCPUs fails with it, after plugging one vCPU
+	vcpuErr  error             // a plug (SetVCPUs growing) fails with it, after plugging one vCPU
 	lateErr  error             // SetVCPUs fails with it, yet makes the change (a guest slower than libvirt waits)
 	memStuck bool              // the guest plugs no more than it has (RequestMemory times out)
+	cpuStuck bool              // the guest's agent answers SetGuestVCPUs but its CPUs stay as they are
 }
 
 type fakeDomain struct {
@@ -39,7 +40,8 @@ type fakeDomain struct {
 	console  string
 	listener net.Listener
 	conns    []net.Conn       // guarded by fakeDomains.mu
-	vcpus    int              // live vCPUs; 0 until SetVCPUs
+	vcpus    int              // QEMU's vCPUs, from the XML's <vcpu current>
+	offline  int              // of vcpus, how many the guest has offline
 	plug     vm.PluggedMemory // the virtio-mem device
 }
 
@@ -76,6 +78,10 @@ func (f *fakeDomains) Define(b []byte) error {
 				Path string `xml:"path,attr"`
 			} `xml:"source"`
 		} `xml:"devices>serial"`
+		VCPU struct {
+			Current int `xml:"current,attr"`
+			Max     int `xml:",chardata"`
+		} `xml:"vcpu"`
 	}
 	if err := xml.Unmarshal(b, &d); err != nil {
 		return err
@@ -83,7 +89,11 @@ func (f *fakeDomains) Define(b []byte) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.record("define " + d.Name)
-	f.doms[d.Name] = &fakeDomain{xml: string(b), meta: d.Metadata.VM, console: d.Serial.Source.Path}
+	vcpus := d.VCPU.Current
+	if vcpus == 0 {
+		vcpus = d.VCPU.Max
+	}
+	f.doms[d.Name] = &fakeDomain{xml: string(b), meta: d.Metadata.VM, console: d.Serial.Source.Path, vcpus: vcpus}
 	return nil
 }
 
@@ -258,7 +268,7 @@ func (f *fakeDomains) SetVCPUs(name string, n int) error {
 		if !d.running {
 			return notRunning(name)
 		}
-		if f.vcpuErr != nil {
+		if f.vcpuErr != nil && n > d.vcpus {
 			d.vcpus++
 			return f.vcpuErr
 		}
@@ -293,6 +303,38 @@ func (f *fakeDomains) Plugged(name string) (vm.PluggedMemory, error) {
 		return vm.PluggedMemory{}, err
 	}
 	return d.plug, nil
+}
+
+// SetGuestVCPUs offlines the highest vCPUs or onlines offline ones, as
+// libvirt does through the guest agent; vm.Conn's errors when no agent
+// answers.
+func (f *fakeDomains) SetGuestVCPUs(name string, n int, _ time.Duration) error {
+	return f.simple(fmt.Sprintf("setguestvcpus %d", n), name, func(d *fakeDomain) error {
+		switch {
+		case !d.running:
+			return notRunning(name)
+		case f.guest.Absent():
+			return fmt.Errorf("domain %s: %w: %w", name, vm.ErrNoAgent, errdefs.ErrFailedPrecondition)
+		case n < 1 || n > d.vcpus:
+			return fmt.Errorf("guest agent reports less cpu than requested: %w", errdefs.ErrInvalidArgument)
+		case !f.cpuStuck:
+			d.offline = d.vcpus - n
+		}
+		return nil
+	})
+}
+
+func (f *fakeDomains) GuestVCPUs(name string) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d, err := f.get(name)
+	if err != nil {
+		return 0, err
+	}
+	if f.guest.Absent() {
+		return 0, fmt.Errorf("domain %s: %w: %w", name, vm.ErrNoAgent, errdefs.ErrFailedPrecondition)
+	}
+	return d.vcpus - d.offline, nil
 }
 
 func (f *fakeDomains) VCPUs(name string) (int, error) {

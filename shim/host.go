@@ -67,6 +67,8 @@ type domains interface {
 	vm.AgentCommander
 	SetVCPUs(name string, n int) error
 	VCPUs(name string) (int, error)
+	SetGuestVCPUs(name string, n int, timeout time.Duration) error
+	GuestVCPUs(name string) (int, error)
 	RequestMemory(name string, mib int, timeout time.Duration) (vm.PluggedMemory, error)
 	Plugged(name string) (vm.PluggedMemory, error)
 	Domains() (map[string]vm.Metadata, error)

@@ -88,21 +88,23 @@ func resizeTargetFrom(r *specs.LinuxResources, vcpus, memMiB int) resizeTarget {
 	return t
 }
 
-// update resizes a running VM live: vCPUs are plugged up to its maximum
-// (never unplugged), hot-added memory (virtio-mem) follows the memory
-// limit between the boot memory and the maximum, and the node's NUMA
-// reservation follows both. Everything is checked first; a step that
-// fails undoes the ones before, so the VM is never left half-resized.
+// update resizes a running VM live: vCPUs follow the CPU limit (fewer are
+// taken offline in the guest, more are onlined there or plugged into QEMU
+// up to its maximum; see setVCPUs), hot-added memory (virtio-mem) follows
+// the memory limit between the boot memory and the maximum, and the
+// node's NUMA reservation follows both. Everything is checked first; a
+// step that fails undoes the ones before, so the VM is never left
+// half-resized.
 func (t *vmTask) update(ctx context.Context, r *specs.LinuxResources) error {
 	t.resizeMu.Lock() // one resize at a time; mu stays free for kill and stats
 	defer t.resizeMu.Unlock()
 	t.mu.Lock()
-	status, cur, mem := t.status, t.vcpus, t.memMiB
+	status, cur, plugged, mem := t.status, t.vcpus, t.plugged, t.memMiB
 	t.mu.Unlock()
 	if status != task.Status_RUNNING {
 		return fmt.Errorf("resize %s: the VM is %s; only a running VM is resized live: %w", t.id, strings.ToLower(status.String()), errdefs.ErrFailedPrecondition)
 	}
-	cur = t.syncVCPUsLocked(ctx, cur)
+	cur, plugged = t.syncVCPUsLocked(ctx, cur, plugged)
 	mem = t.syncMemoryLocked(ctx, mem)
 	want := resizeTargetFrom(r, cur, mem)
 	if err := t.mem.checkMemory(t.id, want.memMiB); err != nil {
@@ -112,17 +114,10 @@ func (t *vmTask) update(ctx context.Context, r *specs.LinuxResources) error {
 	case want.vcpus > t.maxVCPUs:
 		return fmt.Errorf("resize %s: linux.resources.cpu asks for %d vCPUs, more than the %d the VM may grow to (annotation %s, config hotplug_max_vcpus): %w",
 			t.id, want.vcpus, t.maxVCPUs, AnnotationMaxVCPUs, errdefs.ErrInvalidArgument)
-	case want.vcpus < cur:
-		// Measured with libvirt 9.0 under TCG: the guest offlines the
-		// CPU at once, QEMU drops its thread only after libvirt stopped
-		// waiting, and libvirt then still counts it and refuses every
-		// later unplug. A shrink would leave the VM half-resized.
-		return fmt.Errorf("resize %s: linux.resources.cpu asks for %d vCPUs, the VM has %d: vCPUs are not removed from a running VM (recreate the container to shrink it): %w",
-			t.id, want.vcpus, cur, errdefs.ErrFailedPrecondition)
 	case want.vcpus == cur && want.memMiB == mem:
 		return nil
 	}
-	l := log.G(ctx).WithField("vm", t.rec.Domain).WithField("from", cur).WithField("to", want.vcpus).
+	l := log.G(ctx).WithField("vm", t.rec.Domain).WithField("from", cur).WithField("to", want.vcpus).WithField("plugged", plugged).
 		WithField("fromMiB", mem).WithField("toMiB", want.memMiB)
 	var undo rollback
 	if t.rec.NUMAOwner != "" && t.h.numa != nil {
@@ -136,18 +131,9 @@ func (t *vmTask) update(ctx context.Context, r *specs.LinuxResources) error {
 		})
 	}
 	if want.vcpus != cur {
-		err := t.h.conn.SetVCPUs(t.rec.Domain, want.vcpus)
-		// libvirt may have plugged some vCPUs before it failed.
-		undo.add(func() {
-			if n, cerr := t.h.conn.VCPUs(t.rec.Domain); cerr == nil && n != cur {
-				if rerr := t.h.conn.SetVCPUs(t.rec.Domain, cur); rerr != nil {
-					l.WithError(rerr).Warn("put back the vCPUs of a failed resize")
-				}
-			}
-		})
-		if err != nil {
+		if err := t.setVCPUs(l, cur, plugged, want.vcpus, &undo); err != nil {
 			undo.run()
-			return fmt.Errorf("resize %s to %d vCPUs: %w", t.id, want.vcpus, err)
+			return fmt.Errorf("resize %s to %d vCPUs (linux.resources.cpu): %w", t.id, want.vcpus, err)
 		}
 	}
 	if plug, old := t.mem.plugFor(want.memMiB), t.mem.plugFor(mem); plug != old {
@@ -157,31 +143,37 @@ func (t *vmTask) update(ctx context.Context, r *specs.LinuxResources) error {
 		}
 	}
 	t.mu.Lock()
-	t.vcpus, t.memMiB = want.vcpus, want.memMiB
+	t.vcpus, t.plugged, t.memMiB = want.vcpus, max(plugged, want.vcpus), want.memMiB
 	t.mu.Unlock()
 	l.Info("resized VM")
 	return nil
 }
 
-// syncVCPUsLocked (resizeMu held) takes the VM's live vCPU count from
-// libvirt when it differs from cur: an unplug the guest completed after
-// an earlier resize gave up on it. The NUMA reservation follows.
-func (t *vmTask) syncVCPUsLocked(ctx context.Context, cur int) int {
+// syncVCPUsLocked (resizeMu held) takes QEMU's vCPU count from libvirt
+// when it differs from plugged: a plug libvirt completed after an earlier
+// resize gave up on it (the guest onlines such vCPUs itself). It returns
+// the VM's online and plugged vCPUs; the NUMA reservation follows.
+func (t *vmTask) syncVCPUsLocked(ctx context.Context, cur, plugged int) (int, int) {
 	n, err := t.h.conn.VCPUs(t.rec.Domain)
-	if err != nil || n < 1 || n == cur {
-		return cur
+	if err != nil || n < 1 || n == plugged {
+		return cur, plugged
 	}
-	log.G(ctx).WithField("vm", t.rec.Domain).WithField("recorded", cur).WithField("live", n).Info("the VM's vCPUs changed after a resize gave up on them")
+	online := min(cur, n)
+	if n > plugged {
+		online = cur + n - plugged
+	}
+	log.G(ctx).WithField("vm", t.rec.Domain).WithField("recorded", plugged).WithField("live", n).WithField("online", online).
+		Info("QEMU's vCPUs changed after a resize gave up on them")
 	if t.rec.NUMAOwner != "" && t.h.numa != nil {
 		t.mu.Lock()
 		mem := t.memMiB
 		t.mu.Unlock()
-		if _, err := t.h.numa.Resize(t.rec.NUMAOwner, n, mem); err != nil {
+		if _, err := t.h.numa.Resize(t.rec.NUMAOwner, online, mem); err != nil {
 			log.G(ctx).WithError(err).WithField("vm", t.rec.Domain).Warn("NUMA reservation of the VM's live vCPUs")
 		}
 	}
 	t.mu.Lock()
-	t.vcpus = n
+	t.vcpus, t.plugged = online, n
 	t.mu.Unlock()
-	return n
+	return online, n
 }

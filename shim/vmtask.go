@@ -44,7 +44,8 @@ type vmTask struct {
 
 	agent         *vm.Agent               // guarded by mu; the guest agent client, from Start
 	execs         map[string]*execProcess // guarded by mu; by exec id
-	vcpus, memMiB int                     // guarded by mu: the VM's size now
+	vcpus, memMiB int                     // guarded by mu: the VM's size now (vCPUs online in the guest)
+	plugged       int                     // guarded by mu: QEMU's vCPUs, the online ones and those the guest took offline
 	maxVCPUs      int                     // what vcpus may grow to live; set at create
 	mem           memorySize              // boot, maximum and block of the VM's memory; set at create
 	resizeMu      sync.Mutex              // serializes update
@@ -341,7 +342,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		WithField("vcpus", set.vcpus).WithField("memoryMiB", set.memMiB).
 		WithField("took", ph.String()).Info("defined VM")
 	return &vmTask{proc: newProc(r.id, r.bundle, r.stdio, publish), h: h, rec: rec, fdServer: fdServer, cgroup: cg,
-		shares: len(spec.Shares), vcpus: set.vcpus, memMiB: set.memMiB, maxVCPUs: max(set.maxVCPUs, set.vcpus), mem: memSize}, nil
+		shares: len(spec.Shares), vcpus: set.vcpus, plugged: set.vcpus, memMiB: set.memMiB, maxVCPUs: max(set.maxVCPUs, set.vcpus), mem: memSize}, nil
 }
 
 // takeOverDomainName makes sure name is free for container id: a stopped

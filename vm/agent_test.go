@@ -142,3 +142,13 @@ func TestAgentSignalRunsKill(t *testing.T) {
 		t.Fatalf("failed kill: %v", err)
 	}
 }
+
+// A guest keeps at least one vCPU online; asking for none is refused
+// before libvirt is asked.
+func TestSetGuestVCPUsBelowOne(t *testing.T) {
+	for _, n := range []int{0, -1} {
+		if err := (&Conn{}).SetGuestVCPUs("vm", n, time.Second); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("SetGuestVCPUs(%d): %v, want InvalidArgument", n, err)
+		}
+	}
+}

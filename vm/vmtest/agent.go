@@ -69,6 +69,13 @@ func (g *FakeGuest) SetAbsent(absent bool) {
 	g.absent = absent
 }
 
+// Absent says whether the agent is not answering.
+func (g *FakeGuest) Absent() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.absent
+}
+
 // Started returns the guest-exec calls so far.
 func (g *FakeGuest) Started() []ExecArgs {
 	g.mu.Lock()

@@ -29,11 +29,12 @@ import (
 // memory). The overhead is what the pod needs above guest RAM.
 //
 // Resize: a 1-vCPU, 256 MiB VM that may grow to 2 vCPUs and 512 MiB is
-// resized through CRI UpdateContainerResources from 1 to 2 vCPUs, then
-// from 256 to 512 MiB (virtio-mem) and back, runs times, each on a new VM
-// (the shim never removes vCPUs live); each time is from the call until
-// the guest reports its CPUs or MemTotal (KVM-GUEST-CPUS and
-// KVM-GUEST-MEMTOTAL on its console).
+// resized through CRI UpdateContainerResources from 1 to 2 vCPUs (a QEMU
+// hot-plug), then from 256 to 512 MiB (virtio-mem) and back, then from 2
+// to 1 vCPU (the guest agent takes CPU 1 offline) and to 2 again (it
+// onlines it), runs times, each on a new VM (so that every 1 -> 2 is a
+// plug); each time is from the call until the guest reports its CPUs or
+// MemTotal (KVM-GUEST-CPUS and KVM-GUEST-MEMTOTAL on its console).
 
 // overheadSizes are the VM sizes measured: MiB of guest RAM and vCPUs.
 var overheadSizes = []struct{ memMiB, vcpus int }{{512, 1}, {2048, 2}}
@@ -62,6 +63,10 @@ type overheadResult struct {
 type resizeResult struct {
 	Flavour string  `json:"flavour"`
 	Grow    Summary `json:"grow_1_to_2"` // UpdateContainerResources to the guest seeing CPU 1 online
+	// UpdateContainerResources to the guest seeing CPU 1 offline (its
+	// agent took it offline), and online again.
+	Shrink Summary `json:"shrink_2_to_1"`
+	Online Summary `json:"online_1_to_2"`
 	// UpdateContainerResources to the guest's MemTotal growing by 256
 	// MiB, and back to what it booted with.
 	MemoryGrow   Summary `json:"memory_256_to_512"`
@@ -84,7 +89,7 @@ func runResources(ctx context.Context, e *env) (*resourcesResults, error) {
 	}
 	out := &resourcesResults{}
 	for _, d := range e.daemons {
-		logf("resources: containerd %s, live resize 1 <-> 2 vCPUs, %d runs each way", d.name(), e.cfg.runs)
+		logf("resources: containerd %s, live resize 1 <-> 2 vCPUs and 256 <-> 512 MiB, %d runs each way", d.name(), e.cfg.runs)
 		r, err := measureResize(ctx, d, h, e.cfg.runs)
 		if err != nil {
 			return out, fmt.Errorf("containerd %s, resize: %w", d.name(), err)
@@ -288,7 +293,7 @@ func measureResize(ctx context.Context, d *daemon, h cgroup.Hierarchies, runs in
 		})
 		return err
 	}
-	var grow, memGrow, memShrink []float64
+	var grow, memGrow, memShrink, shrink, online []float64
 	var cid, logPath string
 	stop := func() error { return nil }
 	defer func() { retErr = errors.Join(retErr, stop()) }()
@@ -330,13 +335,28 @@ func measureResize(ctx context.Context, d *daemon, h cgroup.Hierarchies, runs in
 			}
 			*step.into = append(*step.into, float64(time.Since(start).Microseconds())/1000)
 		}
-		// vCPUs are never removed live: the next run starts a new VM.
+		for _, step := range []struct {
+			cpus   int64
+			online string
+			into   *[]float64
+		}{{1, "0", &shrink}, {2, "0-1", &online}} {
+			start := time.Now()
+			if err := update(cid, step.cpus, memLimit); err != nil {
+				return res, fmt.Errorf("UpdateContainerResources to %d CPUs: %w", step.cpus, err)
+			}
+			if _, err := waitCPUs(ctx, logPath, step.online, time.Minute); err != nil {
+				return res, err
+			}
+			*step.into = append(*step.into, float64(time.Since(start).Microseconds())/1000)
+		}
+		// The next run's 1 -> 2 is a plug again: a new VM.
 		if err := stop(); err != nil {
 			return res, err
 		}
 		cid, stop = "", func() error { return nil }
 	}
 	res.Grow, res.MemoryGrow, res.MemoryShrink = summarize(grow), summarize(memGrow), summarize(memShrink)
+	res.Shrink, res.Online = summarize(shrink), summarize(online)
 	return res, nil
 }
 
@@ -385,6 +405,10 @@ func (r *results) buildResources() {
 	for _, z := range x.Resize {
 		r.add("resources", fmt.Sprintf("UpdateContainerResources to the guest seeing its CPUs (%s, TCG)", z.Flavour),
 			"1 -> 2 vCPUs: "+msRange(z.Grow), "", "measured")
+		if z.Shrink.N > 0 {
+			r.add("resources", fmt.Sprintf("UpdateContainerResources to the guest taking a vCPU offline and online again, guest agent (%s, TCG)", z.Flavour),
+				"2 -> 1 vCPUs: "+msRange(z.Shrink)+"; 1 -> 2 vCPUs: "+msRange(z.Online), "", "measured")
+		}
 		if z.MemoryGrow.N > 0 {
 			r.add("resources", fmt.Sprintf("UpdateContainerResources to the guest seeing its memory, virtio-mem (%s, TCG)", z.Flavour),
 				"256 -> 512 MiB: "+msRange(z.MemoryGrow)+"; 512 -> 256 MiB: "+msRange(z.MemoryShrink), "", "measured")
