@@ -4,7 +4,6 @@ package integration
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -45,9 +44,6 @@ type cniShape struct {
 	hostLinks func(k int) []string
 	// badInput: try the network's bad inputs on this shape's pod.
 	badInput bool
-	// cloud: also boot the Debian cloud image in this shape's pod (first
-	// flavour only: the boot takes minutes under TCG).
-	cloud bool
 }
 
 func none(int) string { return "" }
@@ -98,7 +94,6 @@ var cniShapes = []cniShape{
 		nics:      2,
 		gw4Silent: true,
 		badInput:  true,
-		cloud:     true,
 	},
 	{
 		name: "cilium",
@@ -145,10 +140,22 @@ func (c *containerd) flavourIndex() int {
 }
 
 // useCNI makes conflist (plugins, then loopback) CRI's pod network until
-// t ends, and waits until CRI has loaded it (and, at the end, the suite's
-// own again): CRI loads the first network of its conf dir by name, and
-// reloads when the dir changes.
+// t ends (see loadCNI).
 func (c *containerd) useCNI(t *testing.T, cl *criClient, name, plugins string) {
+	t.Helper()
+	unload := c.loadCNI(t, cl, name, plugins)
+	t.Cleanup(func() {
+		if err := unload(); err != nil {
+			t.Error(err)
+		}
+	})
+}
+
+// loadCNI makes conflist (plugins, then loopback) CRI's pod network and
+// waits until CRI has loaded it; unload removes it and waits until CRI is
+// back on the suite's own network. CRI loads the first network of its conf
+// dir by name, and reloads when the dir changes.
+func (c *containerd) loadCNI(t *testing.T, cl *criClient, name, plugins string) (unload func() error) {
 	t.Helper()
 	conf := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": %q, "plugins": [%s, {"type": "loopback"}]}`, name, plugins)
 	var check any
@@ -162,15 +169,18 @@ func (c *containerd) useCNI(t *testing.T, cl *criClient, name, plugins string) {
 	if err := os.Rename(path+".tmp", path); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
+	unload = func() error {
 		os.Remove(path)
 		if err := cl.waitCNILoaded(cniNetwork); err != nil {
-			t.Errorf("CRI did not go back to the suite's network: %v", err)
+			return fmt.Errorf("CRI did not go back to the suite's network: %w", err)
 		}
-	})
+		return nil
+	}
 	if err := cl.waitCNILoaded(name); err != nil {
+		_ = unload()
 		t.Fatal(err)
 	}
+	return unload
 }
 
 // waitCNILoaded waits until CRI's status names network as its pod network.
@@ -289,9 +299,9 @@ func probeTo(ip, target string, port int) (string, error) {
 // with the pod interface's MAC, its default routes, and the pod's DNS; it
 // answers ping and TCP on every pod address from the host, pings its
 // gateways and reaches the host through its default routes. In the Calico
-// pod, the network's bad inputs are refused first, leaving nothing, and the
-// Debian cloud image boots in the same pod (first flavour). Nothing is
-// left once the pods are gone.
+// pod, the network's bad inputs are refused first, leaving nothing. Nothing
+// is left once the pods are gone. TestCRICloudInit boots the Debian cloud
+// image in the same shapes.
 func TestCRINetworkShapes(t *testing.T) {
 	s := requireKVM(t, "kernel", "pause")
 	if s.cniErr != nil {
@@ -326,14 +336,6 @@ func TestCRINetworkShapes(t *testing.T) {
 				shims = append(shims, shimID{nsCRI, v.cid})
 				c.checkShapeGuest(t, shape, k, v, ips, ht)
 				c.stopAndCheckNetwork(t, cl, &netVM{podContainer: v, net: pn, domain: c.domainOf(t, v.cid).Name})
-				if shape.cloud && k == 0 {
-					if _, ok := s.images["cloud"]; ok {
-						cv := c.checkCloudShape(t, cl, p, shape, ips, ht)
-						shims = append(shims, shimID{nsCRI, cv.cid})
-					} else {
-						t.Log("cloud image not built (hack/cloudimage/build.sh): the cloud guest is not tried in this shape")
-					}
-				}
 			})
 		}
 		assertNothingLeft(t, c, shims...)
@@ -582,91 +584,4 @@ func (c *containerd) checkNetworkBadInput(t *testing.T, cl *criClient, p *pod, n
 			}
 		})
 	}
-}
-
-// cloudShapeUserData is the cloud image's user-data plus probes of the
-// host targets through the guest's default routes.
-func cloudShapeUserData(t *testing.T, repo string, ht hostTargets) string {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(repo, "hack/cloudimage/user-data.sh"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ud := strings.Replace(string(b), `say "DONE"`, fmt.Sprintf(`for t in %s %s; do
-	if timeout 10 bash -c 'exec 3<>/dev/tcp/'"$t"'/%d && echo probe >&3 && read -r r <&3 && [ "$r" = probe ]'; then
-		say "REACH-OK $t"
-	else
-		say "REACH-FAIL $t"
-	fi
-done
-say "DONE"`, ht.v4, ht.v6, ht.port), 1)
-	if ud == string(b) {
-		t.Fatal(`hack/cloudimage/user-data.sh has no line say "DONE"`)
-	}
-	return ud
-}
-
-// checkCloudShape boots the Debian cloud image (cloud-init, networkd) in
-// pod p, after its test guest stopped, and checks what cloud-init made of
-// network_data.json: every pod address, the default routes, DNS, and that
-// the guest reaches the host and answers on every pod address.
-func (c *containerd) checkCloudShape(t *testing.T, cl *criClient, p *pod, shape cniShape, ips []string, ht hostTargets) *podContainer {
-	t.Helper()
-	k := c.flavourIndex()
-	netns := c.podNetnsOf(t, p)
-	cfg := containerConfig("cloud", c.suite.images["cloud"].ref, map[string]string{
-		"kvm.containerd.io/user-data": cloudShapeUserData(t, c.suite.repo, ht),
-	})
-	cfg.Linux.Resources.MemoryLimitInBytes = 1 << 30
-	v := c.startContainerIn(t, cl, p, cfg)
-	start := time.Now()
-	if err := waitLog(v.logPath, "KVM-CLOUD-DONE", cloudBootTimeout); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("cloud-init done %v after StartContainer", time.Since(start).Round(time.Second))
-	got := cloudConsole(t, v.logPath)
-	t.Logf("cloud guest: %v", got)
-	for _, ifc := range podInterfaces(t, netns) {
-		for _, a := range ifc.addrs {
-			if !containsPrefix(got["KVM-CLOUD-ADDR"], a.Addr().String()+"/") {
-				t.Errorf("cloud guest addresses %q lack %s of pod interface %s", got["KVM-CLOUD-ADDR"], a, ifc.name)
-			}
-		}
-	}
-	if gw := canon(shape.gw4(k)); gw != "" && !contains(got["KVM-CLOUD-GW4"], gw) {
-		t.Errorf("cloud guest IPv4 default gateways %q, want %s", got["KVM-CLOUD-GW4"], gw)
-	}
-	if gw := canon(shape.gw6(k)); gw != "" && !contains(got["KVM-CLOUD-GW6"], gw) {
-		t.Errorf("cloud guest IPv6 default gateways %q, want %s", got["KVM-CLOUD-GW6"], gw)
-	}
-	for _, d := range shapeDNS.Servers {
-		if !contains(got["KVM-CLOUD-DNS"], d) {
-			t.Errorf("cloud guest DNS %q lacks the pod's %s", got["KVM-CLOUD-DNS"], d)
-		}
-	}
-	for _, target := range []string{ht.v4, ht.v6} {
-		if !contains(got["KVM-CLOUD-REACH-OK"], target) {
-			t.Errorf("cloud guest did not reach the host at %s through its default route (REACH-FAIL %q)", target, got["KVM-CLOUD-REACH-FAIL"])
-		}
-	}
-	for _, ip := range append(ips, net1Addrs(t, netns)...) {
-		if err := ping(ip, netTimeout); err != nil {
-			t.Errorf("the host pinging the cloud guest: %v", err)
-		}
-		conn, err := net.DialTimeout("tcp", net.JoinHostPort(ip, "22"), 10*time.Second)
-		if err != nil {
-			t.Errorf("the cloud guest's sshd on %s: %v", ip, err)
-			continue
-		}
-		conn.Close()
-	}
-	stopCtx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if _, err := cl.Runtime.StopContainer(stopCtx, &cri.StopContainerRequest{ContainerId: v.cid, Timeout: 120}); err != nil {
-		t.Errorf("StopContainer: %v", err)
-	}
-	if err := waitNetnsClean(netns); err != nil {
-		t.Error(err)
-	}
-	return v
 }
