@@ -8,22 +8,20 @@ import (
 	"strings"
 )
 
-// QEMULibDir is where libvirt's QEMU driver keeps each running domain's
-// private files: domain-<id>-<short name>/, with one pid file per
-// virtiofsd it started (<alias>-fs.pid).
-const QEMULibDir = "/var/lib/libvirt/qemu"
-
 // shortNameMax is how much of a domain's name libvirt puts in its short
 // name (VIR_DOMAIN_SHORT_NAME_MAX).
 const shortNameMax = 20
 
-// virtiofsdDir is the private dir of the running domain with id and name.
-func virtiofsdDir(libDir string, id int32, name string) string {
+// virtiofsdPidPrefix is how the names of the pid files libvirt writes
+// (in QEMUPidDir) for the virtiofsd daemons of the running domain with id
+// and name begin: "<short name>-<fs alias>-fs.pid", the short name being
+// "<id>-<name, cut at 20>".
+func virtiofsdPidPrefix(id int32, name string) string {
 	short := name
 	if len(short) > shortNameMax {
 		short = short[:shortNameMax]
 	}
-	return filepath.Join(libDir, fmt.Sprintf("domain-%d-%s", id, short))
+	return fmt.Sprintf("%d-%s-", id, short)
 }
 
 // VirtiofsdPIDs lists the processes of the virtiofsd daemons libvirt runs
@@ -35,16 +33,20 @@ func (c *Conn) VirtiofsdPIDs(name string) ([]int, error) {
 	if err != nil {
 		return nil, err
 	}
-	return virtiofsdPIDs(virtiofsdDir(QEMULibDir, d.ID, name), "/proc")
+	return virtiofsdPIDs(QEMUPidDir, virtiofsdPidPrefix(d.ID, name), "/proc")
 }
 
-func virtiofsdPIDs(dir, proc string) ([]int, error) {
-	files, err := filepath.Glob(filepath.Join(dir, "*-fs.pid"))
+func virtiofsdPIDs(dir, prefix, proc string) ([]int, error) {
+	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
 	}
 	var daemons []int
-	for _, f := range files {
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), prefix) || !strings.HasSuffix(e.Name(), "-fs.pid") {
+			continue
+		}
+		f := filepath.Join(dir, e.Name())
 		b, err := os.ReadFile(f)
 		if err != nil {
 			return nil, fmt.Errorf("virtiofsd pid file: %w", err)

@@ -9,17 +9,17 @@ import (
 	"testing"
 )
 
-func TestVirtiofsdDir(t *testing.T) {
+func TestVirtiofsdPidPrefix(t *testing.T) {
 	for _, tc := range []struct {
 		id   int32
 		name string
 		want string
 	}{
-		{7, "kvm-abc", "/l/domain-7-kvm-abc"},
-		{12, "kvm-kvm-it-vm-642f9ce59dd3", "/l/domain-12-kvm-kvm-it-vm-642f9c"},
+		{7, "kvm-abc", "7-kvm-abc-"},
+		{12, "kvm-kvm-it-vm-642f9ce59dd3", "12-kvm-kvm-it-vm-642f9c-"},
 	} {
-		if got := virtiofsdDir("/l", tc.id, tc.name); got != tc.want {
-			t.Errorf("virtiofsdDir(%d, %q) = %q, want %q", tc.id, tc.name, got, tc.want)
+		if got := virtiofsdPidPrefix(tc.id, tc.name); got != tc.want {
+			t.Errorf("virtiofsdPidPrefix(%d, %q) = %q, want %q", tc.id, tc.name, got, tc.want)
 		}
 	}
 }
@@ -67,24 +67,25 @@ func TestVirtiofsdPIDs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got, err := virtiofsdPIDs(dir, proc); err != nil || got != nil {
+	if got, err := virtiofsdPIDs(dir, "3-kvm-a-", proc); err != nil || got != nil {
 		t.Errorf("no shares: %v, %v", got, err)
 	}
-	write("fs0-fs.pid", "100\n")
-	write("fs1-fs.pid", "200")
-	write("qemu.pid", "500")
-	got, err := virtiofsdPIDs(dir, proc)
+	write("3-kvm-a-fs0-fs.pid", "100\n")
+	write("3-kvm-a-fs1-fs.pid", "200")
+	write("kvm-a.pid", "500")
+	write("13-kvm-a-fs0-fs.pid", "300") // another domain's
+	got, err := virtiofsdPIDs(dir, "3-kvm-a-", proc)
 	slices.Sort(got)
 	if err != nil || !slices.Equal(got, []int{100, 101, 200}) {
 		t.Errorf("got %v, %v; want 100 101 200", got, err)
 	}
 	// A pid file that names another program, or holds no pid, is an error.
-	write("fs2-fs.pid", "500")
-	if _, err := virtiofsdPIDs(dir, proc); err == nil || !strings.Contains(err.Error(), "not a virtiofsd") {
+	write("3-kvm-a-fs2-fs.pid", "500")
+	if _, err := virtiofsdPIDs(dir, "3-kvm-a-", proc); err == nil || !strings.Contains(err.Error(), "not a virtiofsd") {
 		t.Errorf("pid of QEMU: %v", err)
 	}
-	write("fs2-fs.pid", "x")
-	if _, err := virtiofsdPIDs(dir, proc); err == nil {
+	write("3-kvm-a-fs2-fs.pid", "x")
+	if _, err := virtiofsdPIDs(dir, "3-kvm-a-", proc); err == nil {
 		t.Error("a pid file holding x was taken")
 	}
 }
