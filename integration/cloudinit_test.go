@@ -30,6 +30,11 @@ const cloudBootsAtOnce = 2
 // (shape nil) or one of cniShapes.
 type cloudPod struct {
 	shape *cniShape
+	// k is the index the shape's networks are made with (subnets,
+	// gateways, host links): TestCRINetworkShapes runs its shapes one
+	// after another with the flavour's index, but here all pods are up
+	// at once and ptp, calico and cilium would share one ptp range.
+	k int
 	p     *pod
 	ips   []string
 }
@@ -47,7 +52,7 @@ func (cp *cloudPod) network(c *containerd) (name, plugins string) {
 		return "", ""
 	}
 	name = "kvmshape-" + cp.shape.name
-	return name, cp.shape.plugins(c.flavourIndex(), filepath.Join(c.IPAMDir, name))
+	return name, cp.shape.plugins(cp.k, filepath.Join(c.IPAMDir, name))
 }
 
 // gateways are the guest's default gateways ("" none).
@@ -55,8 +60,7 @@ func (cp *cloudPod) gateways(c *containerd) (gw4, gw6 string) {
 	if cp.shape == nil {
 		return c.gateway(), ""
 	}
-	k := c.flavourIndex()
-	return canon(cp.shape.gw4(k)), canon(cp.shape.gw6(k))
+	return canon(cp.shape.gw4(cp.k)), canon(cp.shape.gw6(cp.k))
 }
 
 // TestCRICloudInit boots an unchanged Debian cloud image (its own
@@ -94,10 +98,11 @@ func TestCRICloudInit(t *testing.T) {
 		started := time.Now()
 		pods := []*cloudPod{{}}
 		for i := range cniShapes {
-			pods = append(pods, &cloudPod{shape: &cniShapes[i]})
+			cp := &cloudPod{shape: &cniShapes[i], k: 2*(i+1) + k} // 2.., apart from both flavours' own
+			pods = append(pods, cp)
 			if links := cniShapes[i].hostLinks; links != nil {
 				t.Cleanup(func() {
-					for _, l := range links(k) {
+					for _, l := range links(cp.k) {
 						_ = exec.Command("ip", "link", "del", l).Run()
 					}
 				})
