@@ -34,9 +34,9 @@ type cloudPod struct {
 	// gateways, host links): TestCRINetworkShapes runs its shapes one
 	// after another with the flavour's index, but here all pods are up
 	// at once and ptp, calico and cilium would share one ptp range.
-	k int
-	p     *pod
-	ips   []string
+	k   int
+	p   *pod
+	ips []string
 }
 
 func (cp *cloudPod) name() string {
