@@ -97,12 +97,12 @@ func (t *vmTask) chargeVirtiofsd(ctx context.Context) error {
 	if t.cgroup == nil || t.shares == 0 {
 		return nil
 	}
-	pids, err := t.h.conn.VirtiofsdPIDs(t.rec.Domain)
+	daemons, pids, err := t.h.conn.VirtiofsdPIDs(t.rec.Domain)
 	if err != nil {
 		return fmt.Errorf("find the VM's virtiofsd: %w", err)
 	}
-	if len(pids) < t.shares {
-		return fmt.Errorf("found %d virtiofsd processes for %d shares of domain %s: %w", len(pids), t.shares, t.rec.Domain, errdefs.ErrFailedPrecondition)
+	if len(daemons) != t.shares {
+		return fmt.Errorf("found %d virtiofsd daemons for %d shares of domain %s: %w", len(daemons), t.shares, t.rec.Domain, errdefs.ErrFailedPrecondition)
 	}
 	for _, pid := range pids {
 		if err := t.cgroup.Join(pid); err != nil {

@@ -261,7 +261,9 @@ func (f *fakeDomains) PID(name string) (int, error) {
 	return 4242, nil
 }
 
-func (f *fakeDomains) VirtiofsdPIDs(name string) ([]int, error) { return nil, nil }
+func (f *fakeDomains) VirtiofsdPIDs(name string) (daemons, all []int, err error) {
+	return nil, nil, nil
+}
 
 func (f *fakeDomains) SetVCPUs(name string, n int) error {
 	return f.simple(fmt.Sprintf("setvcpus %d", n), name, func(d *fakeDomain) error {

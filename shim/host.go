@@ -63,7 +63,7 @@ type domains interface {
 	Stats(name string) (vm.Stats, error)
 	Metadata(name string) (vm.Metadata, error)
 	PID(name string) (int, error)
-	VirtiofsdPIDs(name string) ([]int, error)
+	VirtiofsdPIDs(name string) (daemons, all []int, err error)
 	vm.AgentCommander
 	SetVCPUs(name string, n int) error
 	VCPUs(name string) (int, error)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -24,24 +25,23 @@ func virtiofsdPidPrefix(id int32, name string) string {
 	return fmt.Sprintf("%d-%s-", id, short)
 }
 
-// VirtiofsdPIDs lists the processes of the virtiofsd daemons libvirt runs
-// for the running domain name: each daemon from its pid file, and its
-// children (virtiofsd's sandbox is a forked child). A domain without
-// shares has none. Each pid is checked to be a virtiofsd.
-func (c *Conn) VirtiofsdPIDs(name string) ([]int, error) {
+// VirtiofsdPIDs lists the virtiofsd daemons libvirt runs for the running
+// domain name, each from its pid file, and all their processes: the
+// daemons and their children (virtiofsd's sandbox is a forked child). A
+// domain without shares has none. Each pid is checked to be a virtiofsd.
+func (c *Conn) VirtiofsdPIDs(name string) (daemons, all []int, err error) {
 	_, d, err := c.lookup(name)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	return virtiofsdPIDs(QEMUPidDir, virtiofsdPidPrefix(d.ID, name), "/proc")
 }
 
-func virtiofsdPIDs(dir, prefix, proc string) ([]int, error) {
+func virtiofsdPIDs(dir, prefix, proc string) (daemons, all []int, err error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var daemons []int
 	for _, e := range entries {
 		if !strings.HasPrefix(e.Name(), prefix) || !strings.HasSuffix(e.Name(), "-fs.pid") {
 			continue
@@ -49,25 +49,25 @@ func virtiofsdPIDs(dir, prefix, proc string) ([]int, error) {
 		f := filepath.Join(dir, e.Name())
 		b, err := os.ReadFile(f)
 		if err != nil {
-			return nil, fmt.Errorf("virtiofsd pid file: %w", err)
+			return nil, nil, fmt.Errorf("virtiofsd pid file: %w", err)
 		}
 		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
 		if err != nil || pid <= 1 {
-			return nil, fmt.Errorf("virtiofsd pid file %s holds %q", f, b)
+			return nil, nil, fmt.Errorf("virtiofsd pid file %s holds %q", f, b)
 		}
 		if !isVirtiofsd(proc, pid) {
-			return nil, fmt.Errorf("pid %d of %s is not a virtiofsd", pid, f)
+			return nil, nil, fmt.Errorf("pid %d of %s is not a virtiofsd", pid, f)
 		}
 		daemons = append(daemons, pid)
 	}
 	if len(daemons) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	children, err := childrenOf(proc, daemons)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return append(daemons, children...), nil
+	return daemons, append(slices.Clone(daemons), children...), nil
 }
 
 // isVirtiofsd reports whether pid runs a virtiofsd binary.

@@ -67,25 +67,26 @@ func TestVirtiofsdPIDs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got, err := virtiofsdPIDs(dir, "3-kvm-a-", proc); err != nil || got != nil {
-		t.Errorf("no shares: %v, %v", got, err)
+	if d, got, err := virtiofsdPIDs(dir, "3-kvm-a-", proc); err != nil || got != nil || d != nil {
+		t.Errorf("no shares: %v, %v, %v", d, got, err)
 	}
 	write("3-kvm-a-fs0-fs.pid", "100\n")
 	write("3-kvm-a-fs1-fs.pid", "200")
 	write("kvm-a.pid", "500")
 	write("13-kvm-a-fs0-fs.pid", "300") // another domain's
-	got, err := virtiofsdPIDs(dir, "3-kvm-a-", proc)
+	daemons, got, err := virtiofsdPIDs(dir, "3-kvm-a-", proc)
+	slices.Sort(daemons)
 	slices.Sort(got)
-	if err != nil || !slices.Equal(got, []int{100, 101, 200}) {
-		t.Errorf("got %v, %v; want 100 101 200", got, err)
+	if err != nil || !slices.Equal(daemons, []int{100, 200}) || !slices.Equal(got, []int{100, 101, 200}) {
+		t.Errorf("got daemons %v, all %v, %v; want 100 200 and 100 101 200", daemons, got, err)
 	}
 	// A pid file that names another program, or holds no pid, is an error.
 	write("3-kvm-a-fs2-fs.pid", "500")
-	if _, err := virtiofsdPIDs(dir, "3-kvm-a-", proc); err == nil || !strings.Contains(err.Error(), "not a virtiofsd") {
+	if _, _, err := virtiofsdPIDs(dir, "3-kvm-a-", proc); err == nil || !strings.Contains(err.Error(), "not a virtiofsd") {
 		t.Errorf("pid of QEMU: %v", err)
 	}
 	write("3-kvm-a-fs2-fs.pid", "x")
-	if _, err := virtiofsdPIDs(dir, "3-kvm-a-", proc); err == nil {
+	if _, _, err := virtiofsdPIDs(dir, "3-kvm-a-", proc); err == nil {
 		t.Error("a pid file holding x was taken")
 	}
 }
