@@ -47,7 +47,7 @@ unit: ## Run the unit tests (privileged ones skip unless root; includes a full c
 fuzz: ## Run every fuzz target for FUZZTIME (default 30s) each, one after another, niced
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		echo "== $${t#*:} ($${t%%:*}, $(FUZZTIME))"; \
-		nice -n 19 $(GO) test -run='^$$' -fuzz="^$${t#*:}\$$" -fuzztime=$(FUZZTIME) -parallel=1 ./$${t%%:*}/; \
+		nice -n 19 $(GO) test -run='^$$' -fuzz="^$${t#*:}\$$" -fuzztime=$(FUZZTIME) -timeout=0 -parallel=1 ./$${t%%:*}/; \
 	done
 
 integration: setup build images ## Run the integration tests against real containerd 1.6 and 2.x, libvirtd and QEMU
