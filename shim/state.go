@@ -79,6 +79,11 @@ func readRecord(bundle string) (*taskRecord, error) {
 	if err := json.Unmarshal(b, &r); err != nil {
 		return nil, fmt.Errorf("parse %s: %w", filepath.Join(bundle, recordFile), err)
 	}
+	if r.Network != nil && len(r.Network.Links) == 0 {
+		// "links": [] and no links are one record: writeRecord omits
+		// both, so what is read here is what a write and read give back.
+		r.Network.Links = nil
+	}
 	return &r, nil
 }
 
