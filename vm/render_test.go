@@ -214,6 +214,7 @@ func TestValidateRejects(t *testing.T) {
 		"bad uuid":         func(s *Spec) { s.Disk = &Disk{Path: "/d", Format: "raw"}; s.UUID = "x" },
 		"bad format":       func(s *Spec) { s.Disk = &Disk{Path: "/d", Format: "vmdk"} },
 		"bad accel":        func(s *Spec) { s.Disk = &Disk{Path: "/d", Format: "raw"}; s.Accel = "hvf" },
+		"newline in name":  func(s *Spec) { s.Disk = &Disk{Path: "/d", Format: "raw"}; s.Name = "a\nb" },
 		"bad drive format": func(s *Spec) {
 			s.Disk = &Disk{Path: "/d", Format: "raw"}
 			s.ConfigDrive = &ConfigDrive{Path: "/c", Format: "ext4"}

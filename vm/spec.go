@@ -124,6 +124,9 @@ func (s *Spec) Validate() error {
 	switch {
 	case s.Name == "":
 		return errors.New("domain name is empty")
+	case strings.Contains(s.Name, "\n"):
+		// libvirt's schema and its parser refuse a newline in a name
+		return fmt.Errorf("domain name %q has a newline", s.Name)
 	case !uuidRE.MatchString(s.UUID):
 		return fmt.Errorf("domain uuid %q is not a lower-case uuid", s.UUID)
 	case s.VCPUs < 1:
