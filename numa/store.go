@@ -218,17 +218,30 @@ func (s *Store) Release(owner string) error {
 // recomputed. Duplicate or empty owners in live are
 // errdefs.ErrInvalidArgument and change nothing.
 func (s *Store) Reconcile(live []Placement) (dropped []string, err error) {
-	liveByOwner := make(map[string]int, len(live))
-	for i, pl := range live {
-		if pl.Owner == "" {
-			return nil, fmt.Errorf("reconcile NUMA reservations: live placement %d has no owner: %w", i, errdefs.ErrInvalidArgument)
-		}
-		if _, dup := liveByOwner[pl.Owner]; dup {
-			return nil, fmt.Errorf("reconcile NUMA reservations: owner %s is live twice: %w", pl.Owner, errdefs.ErrInvalidArgument)
-		}
-		liveByOwner[pl.Owner] = i
-	}
+	return s.ReconcileWith(func() ([]Placement, error) { return live, nil })
+}
+
+// ReconcileWith is Reconcile with the live placements listed by list while
+// the state's lock is held. A shim lists libvirt's domains this way: a
+// cleanup that undefines a domain and then releases its reservation
+// between a listing made before the lock and the reconcile would see its
+// release undone, the gone domain's placement put back for good.
+func (s *Store) ReconcileWith(list func() ([]Placement, error)) (dropped []string, err error) {
 	err = s.lockedDo(true, func(st *rawState) (bool, error) {
+		live, err := list()
+		if err != nil {
+			return false, err
+		}
+		liveByOwner := make(map[string]int, len(live))
+		for i, pl := range live {
+			if pl.Owner == "" {
+				return false, fmt.Errorf("reconcile NUMA reservations: live placement %d has no owner: %w", i, errdefs.ErrInvalidArgument)
+			}
+			if _, dup := liveByOwner[pl.Owner]; dup {
+				return false, fmt.Errorf("reconcile NUMA reservations: owner %s is live twice: %w", pl.Owner, errdefs.ErrInvalidArgument)
+			}
+			liveByOwner[pl.Owner] = i
+		}
 		var known, kept []reservation
 		seen := map[string]bool{}
 		for i := range st.lines {

@@ -2,12 +2,14 @@ package numa
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 
@@ -263,5 +265,48 @@ func TestDescribe(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("Describe output lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// A cleanup that releases a reservation while a new shim reconciles cannot
+// have its release undone: the new shim lists the live domains under the
+// state's lock, so the release (which follows the domain's undefine) waits
+// for the reconcile and then wins. Found in the fault suite: a shim killed
+// while starting, the next shim's reconcile put the gone VM's placement back.
+func TestReconcileWithListsUnderTheLock(t *testing.T) {
+	s := newTestStore(t, uniform(1, 4, 8), Policy{})
+	gone, err := s.Reserve(Request{Owner: "gone", VCPUs: 1, MemoryMiB: 1, Mode: ModeNode})
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := make(chan error, 1)
+	_, err = s.ReconcileWith(func() ([]Placement, error) {
+		// The listing still sees the domain; its cleanup releases now.
+		go func() { released <- s.Release("gone") }()
+		select {
+		case err := <-released:
+			t.Errorf("a Release went through during the reconcile: %v", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+		return []Placement{gone}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-released:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the Release never ran after the reconcile")
+	}
+	if got := owners(snapshot(t, s)); len(got) != 0 {
+		t.Errorf("after the cleanup's release: %v, want none", got)
+	}
+
+	wantErr := errors.New("libvirt gone")
+	if _, err := s.ReconcileWith(func() ([]Placement, error) { return nil, wantErr }); !errors.Is(err, wantErr) {
+		t.Errorf("a failed listing: %v", err)
 	}
 }

@@ -107,9 +107,7 @@ func newHost(ctx context.Context, cfg Config, kvm vm.KVMInfo) (*host, error) {
 	if err != nil {
 		return nil, err
 	}
-	if doms, err := conn.Domains(); err != nil {
-		log.G(ctx).WithError(err).Warn("list domains to reconcile NUMA reservations")
-	} else if err := reconcileNUMA(ctx, store, doms); err != nil {
+	if err := reconcileNUMA(ctx, store, conn.Domains); err != nil {
 		log.G(ctx).WithError(err).Warn("reconcile NUMA reservations")
 	}
 	var cgroups *cgroup.Hierarchies

@@ -55,8 +55,26 @@ func openNUMA(cfg Config) (*numa.Store, error) {
 }
 
 // reconcileNUMA rebuilds the reservations from the domains libvirt knows,
-// so a shim that crashed between reserving and deleting leaks nothing.
-func reconcileNUMA(ctx context.Context, store *numa.Store, doms map[string]vm.Metadata) error {
+// so a shim that crashed between reserving and deleting leaks nothing. The
+// domains are listed under the store's lock (see numa.Store.ReconcileWith):
+// a cleanup delete running meanwhile undefines its domain before it
+// releases the reservation.
+func reconcileNUMA(ctx context.Context, store *numa.Store, domains func() (map[string]vm.Metadata, error)) error {
+	dropped, err := store.ReconcileWith(func() ([]numa.Placement, error) {
+		doms, err := domains()
+		if err != nil {
+			return nil, fmt.Errorf("list domains: %w", err)
+		}
+		return livePlacements(ctx, doms), nil
+	})
+	if len(dropped) > 0 {
+		log.G(ctx).WithField("owners", dropped).Info("released NUMA reservations of VMs that are gone")
+	}
+	return err
+}
+
+// livePlacements are the placements in the metadata of doms.
+func livePlacements(ctx context.Context, doms map[string]vm.Metadata) []numa.Placement {
 	var live []numa.Placement
 	for name, m := range doms {
 		if m.NUMA == "" {
@@ -69,11 +87,7 @@ func reconcileNUMA(ctx context.Context, store *numa.Store, doms map[string]vm.Me
 		}
 		live = append(live, p)
 	}
-	dropped, err := store.Reconcile(live)
-	if len(dropped) > 0 {
-		log.G(ctx).WithField("owners", dropped).Info("released NUMA reservations of VMs that are gone")
-	}
-	return err
+	return live
 }
 
 func numaMode(spec *specs.Spec, cfg Config) (numa.Mode, error) {
