@@ -463,6 +463,7 @@ func (s *service) config(options *anypb.Any) (*Config, error) {
 		return nil, err
 	}
 	s.cfg = &cfg
+	setFaultDir(cfg.StateDir)
 	return s.cfg, nil
 }
 

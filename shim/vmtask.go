@@ -767,10 +767,12 @@ func releaseVM(ctx context.Context, conn domains, rec *taskRecord, bundle string
 					errs = append(errs, err)
 				}
 			}
+			faultPoint("release_undefine")
 			errs = append(errs, conn.Undefine(rec.Domain))
 			errs = append(errs, removeFDSocket(rec))
 		}
 	}
+	faultPoint("release_files")
 	errs = append(errs, removeVMCgroup(rec))
 	errs = append(errs, teardownNetwork(rec.Network))
 	errs = append(errs, releaseNUMA(rec))
