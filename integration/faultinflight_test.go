@@ -1,0 +1,345 @@
+//go:build integration
+
+package integration
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
+)
+
+// TestFaultInFlight: the rows of the fault table (README "Faults") where a
+// component dies while the shim is in the middle of a call. Through CRI,
+// StartContainer makes the task (the shim's Create) and starts it (the
+// shim's Start), and the task is deleted (the shim's Delete) as soon as
+// CRI sees the VM exit. The fault-injection build of the shim holds it at
+// one step of each (hold files, shim/faultpoint_inject.go), so each kill
+// hits the call in flight, never by luck of timing; a cell whose call ends
+// before the shim is held fails.
+//
+//   - creating: held once the domain is defined (mounts, TAP, NUMA, config
+//     drive made), StartContainer in flight;
+//   - starting: held once libvirt created the domain (QEMU runs, vCPUs
+//     paused, no console yet), StartContainer in flight;
+//   - deleting: held after the guest powered off (StopContainer), in the
+//     task's Delete before the domain is undefined.
+//
+// Each cell asserts its outcome (cells below) and ends with the leftover
+// check.
+func TestFaultInFlight(t *testing.T) {
+	s := requireKVM(t, "kernel", "pause")
+	image := s.images["kernel"].ref
+	s.useFaultShim(t)
+	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
+		for _, cell := range inFlightCells(c) {
+			t.Run(cell.phase+"/"+cell.component, func(t *testing.T) {
+				c.cleanupAfter(t)
+				start := time.Now()
+				if cell.phase == "deleting" {
+					deletingCell(t, c, image, cell)
+				} else {
+					startingCell(t, c, image, cell)
+				}
+				t.Logf("cell took %v", time.Since(start).Round(time.Second))
+			})
+		}
+	})
+}
+
+// inFlightCell is one cell: the phase, the step the shim is held at, and
+// the component killed there.
+type inFlightCell struct {
+	phase, step, component string
+	kill                   func(t *testing.T, held int, v *podContainer)
+}
+
+// inFlightCells lists the cells: in each phase the shim (the held process
+// itself), containerd, libvirtd and virtlogd; QEMU in the starting phase
+// only (while creating it does not exist yet, while deleting it is gone).
+func inFlightCells(c *containerd) []inFlightCell {
+	killers := []daemonFault{{"shim", nil}}
+	killers = append(killers, daemonFaults(c)...)
+	steps := []struct{ phase, step string }{
+		{"creating", "define"},
+		{"starting", "libvirt_create"},
+		{"deleting", "release_undefine"},
+	}
+	var cells []inFlightCell
+	for _, st := range steps {
+		for _, k := range killers {
+			cell := inFlightCell{phase: st.phase, step: st.step, component: k.component}
+			if k.kill == nil {
+				cell.kill = func(t *testing.T, held int, _ *podContainer) {
+					if err := syscall.Kill(held, syscall.SIGKILL); err != nil {
+						t.Fatalf("kill the held shim %d: %v", held, err)
+					}
+				}
+			} else {
+				kill := k.kill
+				cell.kill = func(t *testing.T, _ int, v *podContainer) { kill(t, v) }
+			}
+			cells = append(cells, cell)
+		}
+		if st.phase == "starting" {
+			cells = append(cells, inFlightCell{phase: st.phase, step: st.step, component: "qemu",
+				kill: func(t *testing.T, _ int, v *podContainer) { killQEMU(t, c, v) }})
+		}
+	}
+	return cells
+}
+
+// killQEMU kills the QEMU of the pod's VM with SIGKILL.
+func killQEMU(t *testing.T, c *containerd, v *podContainer) {
+	t.Helper()
+	dom := c.podDomain(t, v)
+	procs := domainProcesses(dom)
+	if len(procs) == 0 {
+		t.Fatalf("no QEMU process of %s", dom)
+	}
+	for _, p := range procs {
+		_ = syscall.Kill(p.Pid, syscall.SIGKILL)
+	}
+}
+
+// startingCell: StartContainer is in flight, the shim held in its Create
+// or Start, when the component dies.
+//
+//   - the shim: StartContainer fails, the container is not running and the
+//     pod's removal (kubelet's, for a sandbox whose shim died) leaves
+//     nothing;
+//   - QEMU: StartContainer fails; the container is not running, exit status
+//     not 0; the removal leaves nothing;
+//   - libvirtd, virtlogd: StartContainer succeeds once the shim goes on
+//     (it reconnects to libvirtd), the guest boots, a stop ends with 0;
+//   - containerd: the call dies with it; once containerd is back the
+//     container is RUNNING (the shim finished the start; stop → 0) or not,
+//     and then a new attempt of the container (kubelet's retry) boots the VM
+//     in the same pod (stop → 0). The log says which.
+func startingCell(t *testing.T, c *containerd, image string, cell inFlightCell) {
+	cl := c.cri(t)
+	p := c.runPod(t, cl, "vm-"+cell.phase+"-"+cell.component, "kvm", nil)
+	cid, err := cl.createContainer(p, containerConfig("vm", image, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := &podContainer{pod: p, cid: cid}
+	h := holdShim(t, c, cell.step)
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := criCtx()
+		defer cancel()
+		_, err := cl.Runtime.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: cid})
+		done <- err
+	}()
+	held := h.waitHeld(t, done)
+	cell.kill(t, held, v)
+	h.release()
+	err = <-done
+	t.Logf("StartContainer with the shim held at %s across %s's kill returned %v", cell.step, cell.component, err)
+	cl = c.cri(t)
+	switch cell.component {
+	case "shim", "qemu":
+		if err == nil {
+			t.Errorf("StartContainer succeeded though %s was killed in it", cell.component)
+		}
+		st := cl.containerStatus(t, cid)
+		t.Logf("the container is %s with %d (%s)", st.State, st.ExitCode, st.Reason)
+		if st.State == cri.ContainerState_CONTAINER_RUNNING {
+			t.Errorf("the container is RUNNING after %s's kill in its start", cell.component)
+		}
+		if st.State == cri.ContainerState_CONTAINER_EXITED && st.ExitCode == 0 {
+			t.Errorf("the container exited with 0 after %s's kill in its start", cell.component)
+		}
+		cl.stopAndRemovePod(t, p)
+	case "containerd":
+		st := cl.containerStatus(t, cid)
+		t.Logf("after containerd came back the container is %s with %d (%s)", st.State, st.ExitCode, st.Reason)
+		if st.State == cri.ContainerState_CONTAINER_RUNNING {
+			cl.waitAgentCRI(t, cid, bootTimeout)
+			if err := cl.stopContainer(v); err != nil {
+				t.Error(err)
+			}
+		} else {
+			retryContainer(t, cl, p, image)
+		}
+		cl.stopAndRemovePod(t, p)
+	default:
+		if err != nil {
+			t.Fatalf("StartContainer across %s's kill: %v", cell.component, err)
+		}
+		cl.waitAgentCRI(t, cid, bootTimeout)
+		if err := cl.stopContainer(v); err != nil {
+			t.Error(err)
+		}
+		cl.removePod(t, v)
+	}
+	assertNothingLeft(t, c, v.shimIDs()...)
+}
+
+// retryContainer is kubelet's retry of a container that did not start: a
+// new attempt in the same pod, started; the guest boots and a stop ends
+// with 0.
+func retryContainer(t *testing.T, cl *criClient, p *pod, image string) {
+	t.Helper()
+	cfg := containerConfig("vm", image, nil)
+	cfg.Metadata.Attempt = 1
+	cfg.LogPath = "vm/1.log"
+	cid, err := cl.createContainer(p, cfg)
+	if err != nil {
+		t.Fatalf("CreateContainer, attempt 1: %v", err)
+	}
+	ctx, cancel := criCtx()
+	defer cancel()
+	if _, err := cl.Runtime.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: cid}); err != nil {
+		t.Fatalf("StartContainer, attempt 1: %v", err)
+	}
+	cl.waitAgentCRI(t, cid, bootTimeout)
+	if err := cl.stopContainer(&podContainer{pod: p, cid: cid}); err != nil {
+		t.Error(err)
+	}
+}
+
+// deletingCell: the guest powered off after StopContainer's SIGTERM, and
+// the task's Delete (CRI deletes the task as it sees the exit) is held
+// before the domain is undefined when the component dies. The guest's own
+// power-off is what the container reports, whoever died: EXITED with 0
+// (StopContainer retried where the kill cut it, as kubelet does), and the
+// removal leaves nothing (a dead shim's leftovers are undone by
+// containerd's cleanup `delete`, the rest by the Delete going on).
+func deletingCell(t *testing.T, c *containerd, image string, cell inFlightCell) {
+	cl := c.cri(t)
+	v := c.startPodVM(t, cl, "vm-"+cell.phase+"-"+cell.component, image)
+	h := holdShim(t, c, cell.step)
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := criCtx()
+		defer cancel()
+		_, err := cl.Runtime.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: v.cid, Timeout: criStopGrace})
+		done <- err
+	}()
+	held := h.waitHeld(t, done)
+	cell.kill(t, held, v)
+	h.release()
+	err := <-done
+	t.Logf("StopContainer with the task's Delete held at %s across %s's kill returned %v", cell.step, cell.component, err)
+	cl = c.cri(t)
+	if err != nil {
+		if err := cl.stopContainer(v); err != nil {
+			t.Errorf("StopContainer again (as kubelet retries): %v", err)
+		}
+	}
+	st := cl.waitContainerState(t, v.cid, cri.ContainerState_CONTAINER_EXITED, stopTimeout)
+	if st.ExitCode != 0 {
+		t.Errorf("the guest powered off, then %s died in the task's Delete: exit code %d reason %q, want 0", cell.component, st.ExitCode, st.Reason)
+	}
+	cl.removePod(t, v)
+	assertNothingLeft(t, c, v.shimIDs()...)
+}
+
+// hold makes the fault-injection shim of one containerd wait at a step
+// (shim/faultpoint_inject.go) while its hold file exists.
+type hold struct{ step, hold, held string }
+
+// holdShim holds c's shims at step until release; the files go at the end
+// of t whatever happened.
+func holdShim(t *testing.T, c *containerd, step string) *hold {
+	t.Helper()
+	h := &hold{step: step, hold: filepath.Join(c.ShimStateDir, "hold-"+step), held: filepath.Join(c.ShimStateDir, "held-"+step)}
+	if err := os.WriteFile(h.hold, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		h.release()
+		// A shim killed while held could not remove its mark.
+		_ = os.Remove(h.held)
+	})
+	return h
+}
+
+// release lets the held shim go on.
+func (h *hold) release() {
+	if err := os.Remove(h.hold); err != nil && !errors.Is(err, os.ErrNotExist) {
+		panic(err)
+	}
+}
+
+// waitHeld waits until a shim is held at the step and returns its pid. It
+// fails t when the call in flight (done) ends first: the cell would not
+// test what it says.
+func (h *hold) waitHeld(t *testing.T, done <-chan error) int {
+	t.Helper()
+	deadline := time.After(bootTimeout)
+	for {
+		if b, err := os.ReadFile(h.held); err == nil {
+			if pid, err := strconv.Atoi(string(b)); err == nil && pid > 0 {
+				return pid
+			}
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the call ended (%v) before the shim was held at %s: the cell missed the call in flight", err, h.step)
+		case <-deadline:
+			t.Fatalf("no shim was held at %s within %v", h.step, bootTimeout)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// faultShim is the shim built with the faultinject tag, built once per run,
+// and the shim the suite built (kept by a link while the other is in place).
+var faultShim struct {
+	once       sync.Once
+	path, prod string
+	err        error
+}
+
+// useFaultShim puts the fault-injection build of the shim where the
+// suite's containerds find theirs for the rest of t, and the suite's own
+// back after it. A shim already running keeps its binary.
+func (s *testSuite) useFaultShim(t *testing.T) {
+	t.Helper()
+	if s.shimErr != nil {
+		t.Fatal(s.shimErr)
+	}
+	installed := filepath.Join(s.binDir, shimBinary)
+	faultShim.once.Do(func() {
+		faultShim.path = filepath.Join(s.tmp, "bin-faultinject", shimBinary)
+		faultShim.prod = filepath.Join(s.tmp, "bin-suite", shimBinary)
+		if faultShim.err = testenv.BuildFaultShim(s.repo, faultShim.path); faultShim.err != nil {
+			return
+		}
+		if faultShim.err = os.MkdirAll(filepath.Dir(faultShim.prod), 0o755); faultShim.err != nil {
+			return
+		}
+		faultShim.err = os.Link(installed, faultShim.prod)
+	})
+	if faultShim.err != nil {
+		t.Fatalf("the fault-injection shim: %v", faultShim.err)
+	}
+	installShim(t, faultShim.path, installed)
+	t.Cleanup(func() { installShim(t, faultShim.prod, installed) })
+}
+
+// installShim replaces the binary at dst by src, atomically: a shim
+// containerd starts meanwhile runs one or the other, never half a file.
+func installShim(t *testing.T, src, dst string) {
+	t.Helper()
+	tmp := dst + ".new"
+	_ = os.Remove(tmp)
+	if err := os.Link(src, tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		t.Fatal(fmt.Errorf("install %s as %s: %w", src, dst, err))
+	}
+}
