@@ -176,7 +176,10 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 			// spec, shim config and, at the shim's first VM, the libvirt
 			// connection (or what is left of prepareHost's)
 			took.mark("host")
-			t, err = createVMTask(ctx, h, req, ident, s.events.send)
+			var vt *vmTask
+			if vt, err = createVMTask(ctx, h, req, ident, s.events.send); err == nil {
+				t, err = vt, abandonIfCallerGone(ctx, vt)
+			}
 		}
 	}
 	if err != nil {

@@ -345,6 +345,23 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		shares: len(spec.Shares), vcpus: set.vcpus, plugged: set.vcpus, memMiB: set.memMiB, maxVCPUs: max(set.maxVCPUs, set.vcpus), mem: memSize}, nil
 }
 
+// abandonIfCallerGone undoes a VM task whose Create outlived its caller:
+// containerd died (or gave up) while the VM was being made, so after its
+// restart it knows of no such task and nothing would ever delete it; the
+// task would keep its domain, mounts, TAP and NUMA reservation, and keep
+// this shim alive after the pod is gone. ttrpc cancels a call's context
+// when the caller's connection closes.
+func abandonIfCallerGone(ctx context.Context, t *vmTask) error {
+	if ctx.Err() == nil {
+		return nil
+	}
+	err := fmt.Errorf("create %s: the caller went away before the VM was made: %w", t.id, ctx.Err())
+	if derr := t.delete(context.WithoutCancel(ctx)); derr != nil {
+		return errors.Join(err, derr)
+	}
+	return err
+}
+
 // takeOverDomainName makes sure name is free for container id: a stopped
 // domain left by an earlier container of the same identity is undefined; a
 // running one is a conflict.
