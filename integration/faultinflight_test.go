@@ -83,6 +83,11 @@ func inFlightCells(c *containerd) []inFlightCell {
 					if err := syscall.Kill(held, syscall.SIGKILL); err != nil {
 						t.Fatalf("kill the held shim %d: %v", held, err)
 					}
+					if err := poll(stopTimeout, func() (bool, string) {
+						return syscall.Kill(held, 0) != nil, fmt.Sprintf("shim %d still alive", held)
+					}); err != nil {
+						t.Fatal(err)
+					}
 				}
 			} else {
 				kill := k.kill
@@ -114,8 +119,9 @@ func killQEMU(t *testing.T, c *containerd, v *podContainer) {
 // startingCell: StartContainer is in flight, the shim held in its Create
 // or Start, when the component dies.
 //
-//   - the shim: StartContainer fails, the container is not running and the
-//     pod's removal (kubelet's, for a sandbox whose shim died) leaves
+//   - the shim: StartContainer fails (the container EXITED with 128,
+//     StartError); kubelet's recovery of the dead sandbox boots the VM in
+//     a new sandbox of the pod (recoverDeadSandbox), and the removal leaves
 //     nothing;
 //   - QEMU: StartContainer fails; the container is not running, exit status
 //     not 0; the removal leaves nothing;
@@ -144,6 +150,7 @@ func startingCell(t *testing.T, c *containerd, image string, cell inFlightCell) 
 	held := h.waitHeld(t, done)
 	cell.kill(t, held, v)
 	h.release()
+	h.forgetDead(held)
 	err = <-done
 	t.Logf("StartContainer with the shim held at %s across %s's kill returned %v", cell.step, cell.component, err)
 	cl = c.cri(t)
@@ -159,6 +166,11 @@ func startingCell(t *testing.T, c *containerd, image string, cell inFlightCell) 
 		}
 		if st.State == cri.ContainerState_CONTAINER_EXITED && st.ExitCode == 0 {
 			t.Errorf("the container exited with 0 after %s's kill in its start", cell.component)
+		}
+		if cell.component == "shim" {
+			ids := recoverDeadSandbox(t, c, cl, v, image)
+			assertNothingLeft(t, c, ids...)
+			return
 		}
 		cl.stopAndRemovePod(t, p)
 	case "containerd":
@@ -215,7 +227,8 @@ func retryContainer(t *testing.T, cl *criClient, p *pod, image string) {
 // power-off is what the container reports, whoever died: EXITED with 0
 // (StopContainer retried where the kill cut it, as kubelet does), and the
 // removal leaves nothing (a dead shim's leftovers are undone by
-// containerd's cleanup `delete`, the rest by the Delete going on).
+// containerd's cleanup `delete`, the rest by the Delete going on; a dead
+// shim's pod is recovered by kubelet first, recoverDeadSandbox).
 func deletingCell(t *testing.T, c *containerd, image string, cell inFlightCell) {
 	cl := c.cri(t)
 	v := c.startPodVM(t, cl, "vm-"+cell.phase+"-"+cell.component, image)
@@ -230,6 +243,7 @@ func deletingCell(t *testing.T, c *containerd, image string, cell inFlightCell) 
 	held := h.waitHeld(t, done)
 	cell.kill(t, held, v)
 	h.release()
+	h.forgetDead(held)
 	err := <-done
 	t.Logf("StopContainer with the task's Delete held at %s across %s's kill returned %v", cell.step, cell.component, err)
 	cl = c.cri(t)
@@ -242,8 +256,36 @@ func deletingCell(t *testing.T, c *containerd, image string, cell inFlightCell) 
 	if st.ExitCode != 0 {
 		t.Errorf("the guest powered off, then %s died in the task's Delete: exit code %d reason %q, want 0", cell.component, st.ExitCode, st.Reason)
 	}
+	if cell.component == "shim" {
+		assertNothingLeft(t, c, recoverDeadSandbox(t, c, cl, v, image)...)
+		return
+	}
 	cl.removePod(t, v)
 	assertNothingLeft(t, c, v.shimIDs()...)
+}
+
+// recoverDeadSandbox is kubelet's recovery of a pod whose shim died (as
+// in TestCRIShimKilled): the dead sandbox stopped, a new sandbox of the
+// same pod uid with the container again (its guest boots, a stop ends
+// with 0), then the dead container and sandbox removed and the pod at the
+// end. The pod's data is removed with its last sandbox: a pod deleted
+// instead, whose shim is dead, keeps its disk (README "Limitations").
+// It returns the ids for the leftover check.
+func recoverDeadSandbox(t *testing.T, c *containerd, cl *criClient, v *podContainer, image string) []shimID {
+	t.Helper()
+	ctx, cancel := criCtx()
+	defer cancel()
+	if _, err := cl.Runtime.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: v.pod.id}); err != nil {
+		t.Errorf("StopPodSandbox %s (dead shim): %v", v.pod.id, err)
+	}
+	again := c.restartPod(t, cl, v, image)
+	cl.waitAgentCRI(t, again.cid, bootTimeout)
+	if err := cl.stopContainer(again); err != nil {
+		t.Error(err)
+	}
+	cl.removePod(t, v)
+	cl.removePod(t, again)
+	return append(v.shimIDs(), again.shimIDs()...)
 }
 
 // hold makes the fault-injection shim of one containerd wait at a step
@@ -264,6 +306,14 @@ func holdShim(t *testing.T, c *containerd, step string) *hold {
 		_ = os.Remove(h.held)
 	})
 	return h
+}
+
+// forgetDead removes the mark of a held shim that was killed (it could
+// not remove it itself).
+func (h *hold) forgetDead(pid int) {
+	if syscall.Kill(pid, 0) != nil {
+		_ = os.Remove(h.held)
+	}
 }
 
 // release lets the held shim go on.

@@ -347,7 +347,8 @@ func (s *service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*task
 	if err != nil {
 		return nil, err
 	}
-	_, pid, _, _ := t.base().snapshot()
+	// Not snapshot: a Start in flight holds the task's lock.
+	pid := t.base().lastPid.Load()
 	return &taskAPI.ConnectResponse{ShimPid: uint32(os.Getpid()), TaskPid: uint32(pid)}, nil
 }
 
