@@ -803,7 +803,11 @@ func releaseVM(ctx context.Context, conn domains, rec *taskRecord, bundle string
 			}
 		}
 	}
-	if err := mount.UnmountAll(filepath.Join(bundle, "rootfs"), unix.MNT_DETACH); err != nil {
+	// The rootfs dir can go between UnmountAll's check and its unmount
+	// (containerd's cleanup after its restart racing the live shim's
+	// Delete, seen in TestFaultInFlight): nothing is mounted on a dir that
+	// is gone.
+	if err := mount.UnmountAll(filepath.Join(bundle, "rootfs"), unix.MNT_DETACH); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("unmount rootfs: %w", err))
 	}
 	if err := errors.Join(errs...); err != nil {
