@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -57,18 +58,55 @@ func TestFaultInFlight(t *testing.T) {
 }
 
 // inFlightCell is one cell: the phase, the step the shim is held at, and
-// the component killed there.
+// the component killed there. kill lets the held shim (pid held) go on by
+// h.release at the point that makes the cell: a daemon once it is back,
+// the shim once it is dead, containerd while it is down (the shim ends the
+// call with nobody to answer, as when containerd takes its time to restart).
 type inFlightCell struct {
 	phase, step, component string
-	kill                   func(t *testing.T, held int, v *podContainer)
+	kill                   func(t *testing.T, h *hold, held int, v *podContainer)
 }
 
 // inFlightCells lists the cells: in each phase the shim (the held process
 // itself), containerd, libvirtd and virtlogd; QEMU in the starting phase
 // only (while creating it does not exist yet, while deleting it is gone).
 func inFlightCells(c *containerd) []inFlightCell {
-	killers := []daemonFault{{"shim", nil}}
-	killers = append(killers, daemonFaults(c)...)
+	killers := []inFlightCell{
+		{component: "shim", kill: func(t *testing.T, h *hold, held int, _ *podContainer) {
+			if err := syscall.Kill(held, syscall.SIGKILL); err != nil {
+				t.Fatalf("kill the held shim %d: %v", held, err)
+			}
+			if err := poll(stopTimeout, func() (bool, string) {
+				return syscall.Kill(held, 0) != nil, fmt.Sprintf("shim %d still alive", held)
+			}); err != nil {
+				t.Fatal(err)
+			}
+			// The cleanup delete containerd runs is the same build.
+			h.release()
+			_ = os.Remove(h.held)
+		}},
+		{component: "containerd", kill: func(t *testing.T, h *hold, _ int, _ *podContainer) {
+			if err := c.Crash(); err != nil {
+				t.Fatal(err)
+			}
+			h.release()
+			h.waitGone(t)
+			if err := c.Relaunch(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	for _, d := range daemonFaults(c)[1:] { // libvirtd, virtlogd
+		kill := d.kill
+		killers = append(killers, inFlightCell{component: d.component, kill: func(t *testing.T, h *hold, _ int, v *podContainer) {
+			kill(t, v)
+			h.release()
+		}})
+	}
+	qemu := inFlightCell{component: "qemu", kill: func(t *testing.T, h *hold, _ int, v *podContainer) {
+		killQEMU(t, c, v)
+		h.release()
+	}}
 	steps := []struct{ phase, step string }{
 		{"creating", "define"},
 		{"starting", "libvirt_create"},
@@ -76,28 +114,12 @@ func inFlightCells(c *containerd) []inFlightCell {
 	}
 	var cells []inFlightCell
 	for _, st := range steps {
-		for _, k := range killers {
-			cell := inFlightCell{phase: st.phase, step: st.step, component: k.component}
-			if k.kill == nil {
-				cell.kill = func(t *testing.T, held int, _ *podContainer) {
-					if err := syscall.Kill(held, syscall.SIGKILL); err != nil {
-						t.Fatalf("kill the held shim %d: %v", held, err)
-					}
-					if err := poll(stopTimeout, func() (bool, string) {
-						return syscall.Kill(held, 0) != nil, fmt.Sprintf("shim %d still alive", held)
-					}); err != nil {
-						t.Fatal(err)
-					}
-				}
-			} else {
-				kill := k.kill
-				cell.kill = func(t *testing.T, _ int, v *podContainer) { kill(t, v) }
-			}
-			cells = append(cells, cell)
-		}
+		ks := killers
 		if st.phase == "starting" {
-			cells = append(cells, inFlightCell{phase: st.phase, step: st.step, component: "qemu",
-				kill: func(t *testing.T, _ int, v *podContainer) { killQEMU(t, c, v) }})
+			ks = append(ks[:len(ks):len(ks)], qemu)
+		}
+		for _, k := range ks {
+			cells = append(cells, inFlightCell{phase: st.phase, step: st.step, component: k.component, kill: k.kill})
 		}
 	}
 	return cells
@@ -127,10 +149,12 @@ func killQEMU(t *testing.T, c *containerd, v *podContainer) {
 //     not 0; the removal leaves nothing;
 //   - libvirtd, virtlogd: StartContainer succeeds once the shim goes on
 //     (it reconnects to libvirtd), the guest boots, a stop ends with 0;
-//   - containerd: the call dies with it; once containerd is back the
-//     container is RUNNING (the shim finished the start; stop → 0) or not,
-//     and then a new attempt of the container (kubelet's retry) boots the VM
-//     in the same pod (stop → 0). The log says which.
+//   - containerd: the call dies with it, and the shim ends it while
+//     containerd is down. A Create undoes its task (nobody could ever
+//     delete it): once containerd is back the container is CREATED and a
+//     new attempt of it (kubelet's retry) boots the VM in the same pod
+//     (stop → 0). A Start completes: once containerd is back the container
+//     is RUNNING (CRI adopts the running task) and a stop ends with 0.
 func startingCell(t *testing.T, c *containerd, image string, cell inFlightCell) {
 	cl := c.cri(t)
 	p := c.runPod(t, cl, "vm-"+cell.phase+"-"+cell.component, "kvm", nil)
@@ -148,9 +172,7 @@ func startingCell(t *testing.T, c *containerd, image string, cell inFlightCell) 
 		done <- err
 	}()
 	held := h.waitHeld(t, done)
-	cell.kill(t, held, v)
-	h.release()
-	h.forgetDead(held)
+	cell.kill(t, h, held, v)
 	err = <-done
 	t.Logf("StartContainer with the shim held at %s across %s's kill returned %v", cell.step, cell.component, err)
 	cl = c.cri(t)
@@ -176,13 +198,19 @@ func startingCell(t *testing.T, c *containerd, image string, cell inFlightCell) 
 	case "containerd":
 		st := cl.containerStatus(t, cid)
 		t.Logf("after containerd came back the container is %s with %d (%s)", st.State, st.ExitCode, st.Reason)
-		if st.State == cri.ContainerState_CONTAINER_RUNNING {
+		if cell.phase == "creating" {
+			if st.State != cri.ContainerState_CONTAINER_CREATED {
+				t.Errorf("the container is %s, want CREATED (its task undone by the shim)", st.State)
+			}
+			retryContainer(t, cl, p, image)
+		} else {
+			if st.State != cri.ContainerState_CONTAINER_RUNNING {
+				t.Fatalf("the container is %s, want RUNNING (the shim finished the start)", st.State)
+			}
 			cl.waitAgentCRI(t, cid, bootTimeout)
 			if err := cl.stopContainer(v); err != nil {
 				t.Error(err)
 			}
-		} else {
-			retryContainer(t, cl, p, image)
 		}
 		cl.stopAndRemovePod(t, p)
 	default:
@@ -241,9 +269,7 @@ func deletingCell(t *testing.T, c *containerd, image string, cell inFlightCell) 
 		done <- err
 	}()
 	held := h.waitHeld(t, done)
-	cell.kill(t, held, v)
-	h.release()
-	h.forgetDead(held)
+	cell.kill(t, h, held, v)
 	err := <-done
 	t.Logf("StopContainer with the task's Delete held at %s across %s's kill returned %v", cell.step, cell.component, err)
 	cl = c.cri(t)
@@ -308,11 +334,14 @@ func holdShim(t *testing.T, c *containerd, step string) *hold {
 	return h
 }
 
-// forgetDead removes the mark of a held shim that was killed (it could
-// not remove it itself).
-func (h *hold) forgetDead(pid int) {
-	if syscall.Kill(pid, 0) != nil {
-		_ = os.Remove(h.held)
+// waitGone waits until the held shim went on (its mark is gone).
+func (h *hold) waitGone(t *testing.T) {
+	t.Helper()
+	if err := poll(stopTimeout, func() (bool, string) {
+		_, err := os.Lstat(h.held)
+		return errors.Is(err, os.ErrNotExist), h.held + " is still there"
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
 
