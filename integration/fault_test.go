@@ -281,7 +281,11 @@ func TestFaultStopInFlight(t *testing.T) {
 					t.Errorf("StopContainer in flight across %s's kill: exit code %d reason %q, want %d", cell.component, st.ExitCode, st.Reason, want)
 				}
 				cl.removePod(t, v)
-				assertNothingLeft(t, c, v.shimIDs()...)
+				ids := v.shimIDs()
+				if cell.component == "shim" {
+					ids = append(ids, shimID{nsCRI, resandboxAndRemove(t, cl, v.pod).id})
+				}
+				assertNothingLeft(t, c, ids...)
 			})
 		}
 	})
