@@ -167,6 +167,7 @@ func (Manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 		return status, nil
 	}
 	status.Pid = rec.Pid
+	setFaultDir(rec.StateDir)
 	switch rec.Kind {
 	case kindSandbox:
 		if err := releaseSandbox(ctx, layout{root: rec.StateDir}, rec, false); err != nil {

@@ -20,8 +20,10 @@ func newPhases() *phases {
 	return &phases{last: now, start: now}
 }
 
-// mark ends the step called name.
+// mark ends the step called name. It is also where a fault test can hold
+// the shim (faultPoint, only in the faultinject build).
 func (p *phases) mark(name string) {
+	faultPoint(name)
 	now := time.Now()
 	p.steps = append(p.steps, formatStep(name, now.Sub(p.last)))
 	p.last = now

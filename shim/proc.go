@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
@@ -26,6 +27,10 @@ type proc struct {
 	exitStatus uint32      // guarded by mu
 	exitedAt   time.Time   // guarded by mu
 	exited     chan struct{}
+	// lastPid is pid, readable without mu: Connect must answer while a
+	// long Start holds mu (containerd gives a shim 5 s to answer it when it
+	// restarts, and runs the cleanup delete of a shim that does not).
+	lastPid atomic.Int64
 
 	// publish queues the task's events in order. TaskStart and TaskExit
 	// are queued under mu, in the step that changes the status, so an
@@ -62,6 +67,7 @@ func (p *proc) name() string {
 // TaskExecStarted for an exec.
 func (p *proc) setRunningLocked(pid int) {
 	p.pid, p.status = pid, task.Status_RUNNING
+	p.lastPid.Store(int64(pid))
 	if p.execID != "" {
 		p.publish(&eventstypes.TaskExecStarted{ContainerID: p.id, ExecID: p.execID, Pid: uint32(pid)})
 		return

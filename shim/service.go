@@ -176,7 +176,10 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 			// spec, shim config and, at the shim's first VM, the libvirt
 			// connection (or what is left of prepareHost's)
 			took.mark("host")
-			t, err = createVMTask(ctx, h, req, ident, s.events.send)
+			var vt *vmTask
+			if vt, err = createVMTask(ctx, h, req, ident, s.events.send); err == nil {
+				t, err = vt, abandonIfCallerGone(ctx, vt)
+			}
 		}
 	}
 	if err != nil {
@@ -344,7 +347,8 @@ func (s *service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*task
 	if err != nil {
 		return nil, err
 	}
-	_, pid, _, _ := t.base().snapshot()
+	// Not snapshot: a Start in flight holds the task's lock.
+	pid := t.base().lastPid.Load()
 	return &taskAPI.ConnectResponse{ShimPid: uint32(os.Getpid()), TaskPid: uint32(pid)}, nil
 }
 
@@ -463,6 +467,7 @@ func (s *service) config(options *anypb.Any) (*Config, error) {
 		return nil, err
 	}
 	s.cfg = &cfg
+	setFaultDir(cfg.StateDir)
 	return s.cfg, nil
 }
 

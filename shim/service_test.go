@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v2"
 	"github.com/containerd/containerd/pkg/shutdown"
 	"github.com/containerd/errdefs"
 
@@ -188,5 +189,31 @@ func TestFailedPrepareAnswersTheWaitingCreate(t *testing.T) {
 	}
 	if n := f.connects.Load(); n != 2 {
 		t.Fatalf("%d connects, want 2", n)
+	}
+}
+
+// Connect answers while a Start holds the task's lock: containerd, when it
+// restarts, gives each shim 5 s to answer it and otherwise runs the
+// cleanup delete of the task (found by TestFaultInFlight/*/starting/containerd).
+func TestConnectAnswersDuringAStart(t *testing.T) {
+	s := newTestService(t, &hostFake{})
+	vt := &vmTask{proc: newProc("vm1", t.TempDir(), stdio{}, func(any) {})}
+	s.tasks["vm1"] = vt
+	vt.mu.Lock() // a Start in flight
+	got := make(chan error, 1)
+	go func() { _, err := s.Connect(context.Background(), &taskAPI.ConnectRequest{ID: "vm1"}); got <- err }()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Connect waited for the Start")
+	}
+	vt.setRunningLocked(42)
+	vt.mu.Unlock()
+	r, err := s.Connect(context.Background(), &taskAPI.ConnectRequest{ID: "vm1"})
+	if err != nil || r.TaskPid != 42 {
+		t.Fatalf("Connect after the start: %v %v, want task pid 42", r, err)
 	}
 }

@@ -345,6 +345,23 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		shares: len(spec.Shares), vcpus: set.vcpus, plugged: set.vcpus, memMiB: set.memMiB, maxVCPUs: max(set.maxVCPUs, set.vcpus), mem: memSize}, nil
 }
 
+// abandonIfCallerGone undoes a VM task whose Create outlived its caller:
+// containerd died (or gave up) while the VM was being made, so after its
+// restart it knows of no such task and nothing would ever delete it; the
+// task would keep its domain, mounts, TAP and NUMA reservation, and keep
+// this shim alive after the pod is gone. ttrpc cancels a call's context
+// when the caller's connection closes.
+func abandonIfCallerGone(ctx context.Context, t *vmTask) error {
+	if ctx.Err() == nil {
+		return nil
+	}
+	err := fmt.Errorf("create %s: the caller went away before the VM was made: %w", t.id, ctx.Err())
+	if derr := t.delete(context.WithoutCancel(ctx)); derr != nil {
+		return errors.Join(err, derr)
+	}
+	return err
+}
+
 // takeOverDomainName makes sure name is free for container id: a stopped
 // domain left by an earlier container of the same identity is undefined; a
 // running one is a conflict.
@@ -767,10 +784,12 @@ func releaseVM(ctx context.Context, conn domains, rec *taskRecord, bundle string
 					errs = append(errs, err)
 				}
 			}
+			faultPoint("release_undefine")
 			errs = append(errs, conn.Undefine(rec.Domain))
 			errs = append(errs, removeFDSocket(rec))
 		}
 	}
+	faultPoint("release_files")
 	errs = append(errs, removeVMCgroup(rec))
 	errs = append(errs, teardownNetwork(rec.Network))
 	errs = append(errs, releaseNUMA(rec))
@@ -784,7 +803,11 @@ func releaseVM(ctx context.Context, conn domains, rec *taskRecord, bundle string
 			}
 		}
 	}
-	if err := mount.UnmountAll(filepath.Join(bundle, "rootfs"), unix.MNT_DETACH); err != nil {
+	// The rootfs dir can go between UnmountAll's check and its unmount
+	// (containerd's cleanup after its restart racing the live shim's
+	// Delete, seen in TestFaultInFlight): nothing is mounted on a dir that
+	// is gone.
+	if err := mount.UnmountAll(filepath.Join(bundle, "rootfs"), unix.MNT_DETACH); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("unmount rootfs: %w", err))
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -589,3 +589,30 @@ func TestPhasesString(t *testing.T) {
 		t.Fatalf("phases: %q", got)
 	}
 }
+
+// A Create whose caller went away (containerd died in the call) leaves no
+// task behind: nothing would ever delete it.
+func TestCreateOutlivingItsCallerIsUndone(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.created()
+	if err := abandonIfCallerGone(context.Background(), vt); err != nil {
+		t.Fatalf("caller still there: %v", err)
+	}
+	if _, err := f.fake.State(vt.rec.Domain); err != nil {
+		t.Fatalf("the domain went though the caller is there: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := abandonIfCallerGone(ctx, vt); err == nil {
+		t.Fatal("no error for a Create whose caller went away")
+	}
+	if _, err := f.fake.State(vt.rec.Domain); !errdefs.IsNotFound(err) {
+		t.Errorf("the domain of an abandoned Create is still defined: %v", err)
+	}
+	if _, err := os.Stat(vt.rec.VMDir); !os.IsNotExist(err) {
+		t.Errorf("the VM dir of an abandoned Create is still there: %v", err)
+	}
+	if rec, err := readRecord(f.bundle); err != nil || rec != nil {
+		t.Errorf("the task record of an abandoned Create: %v %v", rec, err)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 )
 
@@ -34,14 +35,34 @@ func BuildShim(repo, binDir, wrapperDir string) (wrapper string, err error) {
 		{wrapper, "./cmd/kvm-qemu-wrapper"},
 	}
 	for _, b := range builds {
-		cmd := exec.Command("go", "build", "-o", b.out, b.pkg)
-		cmd.Dir = repo
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return "", fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out)
+		if err := goBuild(repo, b.out, b.pkg); err != nil {
+			return "", err
 		}
 	}
 	return wrapper, nil
+}
+
+// BuildFaultShim builds the shim with the faultinject tag into out: the
+// variant that a fault test can hold at a named step (shim/faultpoint_inject.go).
+// Only fault tests install it; everything else runs the shim that ships.
+func BuildFaultShim(repo, out string) error {
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return err
+	}
+	return goBuild(repo, out, "./cmd/containerd-shim-kvm-v1", "-tags", "faultinject")
+}
+
+// goBuild builds pkg of the repository at repo statically into out; the
+// error carries the build's output.
+func goBuild(repo, out, pkg string, flags ...string) error {
+	args := append(append([]string{"build"}, flags...), "-o", out, pkg)
+	cmd := exec.Command("go", args...)
+	cmd.Dir = repo
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, b)
+	}
+	return nil
 }
 
 // Host locks: runs that take the same fixed names (CNI bridges, subnets,
