@@ -215,6 +215,7 @@ func TestValidateRejects(t *testing.T) {
 		"bad format":       func(s *Spec) { s.Disk = &Disk{Path: "/d", Format: "vmdk"} },
 		"bad accel":        func(s *Spec) { s.Disk = &Disk{Path: "/d", Format: "raw"}; s.Accel = "hvf" },
 		"newline in name":  func(s *Spec) { s.Disk = &Disk{Path: "/d", Format: "raw"}; s.Name = "a\nb" },
+		"return in a path": func(s *Spec) { s.Disk = &Disk{Path: "/\r", Format: "raw"} },
 		"bad drive format": func(s *Spec) {
 			s.Disk = &Disk{Path: "/d", Format: "raw"}
 			s.ConfigDrive = &ConfigDrive{Path: "/c", Format: "ext4"}

@@ -201,6 +201,12 @@ func (s *Spec) validateText() error {
 		if strings.HasSuffix(what, " path") && v != "" && (!filepath.IsAbs(v) || filepath.Clean(v) == "/") {
 			return fmt.Errorf("%s %q is not an absolute path of a file", what, v)
 		}
+		// Its pattern "(/|[a-zA-Z]:\\).+" is an XML Schema regular
+		// expression, whose "." takes neither a line feed nor a carriage
+		// return.
+		if strings.HasSuffix(what, " path") && strings.ContainsAny(v, "\r\n") {
+			return fmt.Errorf("%s %q has a line break", what, v)
+		}
 	}
 	return nil
 }
