@@ -75,6 +75,9 @@ type PodOptions struct {
 	Handler              string // runtime handler: "kvm" or "runc"
 	Annotations          map[string]string
 	CgroupParent         string // the pod's cgroup, as kubelet's cgroupfs driver names it; "" for none
+	// HostNetwork runs the pod in the node's network namespace
+	// (hostNetwork: true): no netns, no CNI.
+	HostNetwork bool
 }
 
 // RunPod runs a pod sandbox. Its log directory is below the daemon's Dir.
@@ -96,6 +99,11 @@ func (cl *CRI) RunPod(ctx context.Context, o PodOptions) (*Pod, error) {
 		Labels:       map[string]string{"app": o.Name},
 		Annotations:  o.Annotations,
 		Linux:        &cri.LinuxPodSandboxConfig{CgroupParent: o.CgroupParent},
+	}
+	if o.HostNetwork {
+		cfg.Linux.SecurityContext = &cri.LinuxSandboxSecurityContext{
+			NamespaceOptions: &cri.NamespaceOption{Network: cri.NamespaceMode_NODE},
+		}
 	}
 	resp, err := cl.Runtime.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: cfg, RuntimeHandler: o.Handler})
 	if err != nil {

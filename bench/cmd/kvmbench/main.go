@@ -52,16 +52,18 @@ type config struct {
 	volumeVMs    int
 	volumeMiB    int
 	volumeOps    int
+	eventsShims  []int
+	eventsCount  int
 	quick        bool
 	commandLine  string
 	writeResults bool
 }
 
 // allSections are the sections there are; defaultSections run without
-// -sections. "net" (bench-net), "exec" and "resources" run only when
-// asked for.
+// -sections. "net" (bench-net), "exec", "resources" and "events" run only
+// when asked for.
 var (
-	allSections     = []string{"latency", "memory", "density", "micro", "net", "exec", "resources", "volumes"}
+	allSections     = []string{"latency", "memory", "density", "micro", "net", "exec", "resources", "volumes", "events"}
 	defaultSections = []string{"latency", "memory", "density", "volumes", "micro"}
 )
 
@@ -100,6 +102,8 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&c.volumeVMs, "volume-vms", 4, "volumes: VMs per variant (each runs the workload 3 times)")
 	fs.IntVar(&c.volumeMiB, "volume-mib", 256, "volumes: MiB written and read sequentially per run, and the span of the random 4 KiB I/O")
 	fs.IntVar(&c.volumeOps, "volume-ops", 4000, "volumes: random 4 KiB reads and as many writes per run")
+	eventsShims := fs.String("events-shims", "1,50", "events: idle pod shim counts (the first and last give the cost of one more shim)")
+	fs.IntVar(&c.eventsCount, "events-count", 1000, "events: lifecycle events made per shim count (defined + undefined pairs)")
 	fs.IntVar(&c.microCount, "micro-count", 6, "micro: go test -count")
 	fs.StringVar(&c.microTime, "micro-benchtime", "1s", "micro: go test -benchtime")
 	fs.StringVar(&c.binDir, "bin", "_output/bin", "directory with the built shim and emulator wrapper (make build)")
@@ -141,6 +145,12 @@ func parseFlags(args []string) (*config, error) {
 	if c.densityPods, err = intList(*densityPods); err != nil {
 		return nil, fmt.Errorf("-density-pods: %w", err)
 	}
+	if c.eventsShims, err = intList(*eventsShims); err != nil {
+		return nil, fmt.Errorf("-events-shims: %w", err)
+	}
+	if c.eventsCount < 2 {
+		return nil, errors.New("-events-count must be at least 2")
+	}
 	if c.netRuns < 1 || c.netSeconds < 2 {
 		return nil, errors.New("-net-runs must be at least 1 and -net-seconds at least 2")
 	}
@@ -160,7 +170,7 @@ func parseFlags(args []string) (*config, error) {
 func (c *config) has(section string) bool { return slices.Contains(c.sections, section) }
 
 func (c *config) needsDaemons() bool {
-	return c.has("latency") || c.has("memory") || c.has("density") || c.has("net") || c.has("exec") || c.has("resources") || c.has("volumes")
+	return c.has("latency") || c.has("memory") || c.has("density") || c.has("net") || c.has("exec") || c.has("resources") || c.has("volumes") || c.has("events")
 }
 
 func splitList(s string) []string {
@@ -294,6 +304,10 @@ func measureOnHost(ctx context.Context, c *config, res *results) (retErr error) 
 	if c.has("volumes") && ctx.Err() == nil {
 		res.Volumes, err = runVolumes(ctx, e)
 		res.fail("volumes", err)
+	}
+	if c.has("events") && ctx.Err() == nil {
+		res.Events, err = runEvents(ctx, e)
+		res.fail("events", err)
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()

@@ -33,6 +33,8 @@ type results struct {
 	Resources *resourcesResults `json:"resources,omitempty"`
 	// Volumes: storage in the guest, block volume vs raw libvirt vs virtiofs (-sections volumes).
 	Volumes *volumesResults `json:"volumes,omitempty"`
+	// Events: the cost of every shim receiving every domain's lifecycle events (-sections events).
+	Events []eventsResult `json:"events,omitempty"`
 	// Failed lists the sections that failed, with why.
 	Failed []string `json:"failed,omitempty"`
 	// Disturbance is what else ran on the host during the sections.
@@ -144,6 +146,7 @@ func (r *results) build() {
 	r.buildExec()
 	r.buildResources()
 	r.buildVolumes()
+	r.buildEvents()
 	r.buildMicro()
 	r.add("-", "KVM start latency and boot time", "cannot run here: "+r.Machine.AccelWhy, "", "not measured")
 	r.add("-", "vhost-net throughput", "cannot run here: the shim hands QEMU vhost-net descriptors only for KVM domains, and this host has no /dev/vhost-net", "", "not measured")
@@ -512,7 +515,7 @@ func mdEscape(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
 // write stores <UTC timestamp>-<tag>.json and .md (and -micro.txt) in
 // dir, and copies the Markdown to latest<kind>.md: latest.md for runs with
 // the main sections, latest-net.md for bench-net alone, latest-exec.md for
-// the exec section alone, latest-volumes.md for the volumes section alone, latest-micro.md for the micro-benchmarks alone,
+// the exec section alone, latest-volumes.md for the volumes section alone, latest-events.md for the events section alone, latest-micro.md for the micro-benchmarks alone,
 // so that a partial run does not replace the full one.
 func (r *results) write(dir string) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -521,6 +524,8 @@ func (r *results) write(dir string) ([]string, error) {
 	tag, kind := strings.Join(r.Settings.Flavours, "-"), ""
 	switch {
 	case r.Latency != nil || r.Memory != nil || r.Density != nil:
+	case r.Events != nil && r.Volumes == nil && r.Resources == nil && r.Net == nil && r.Exec == nil && r.Micro == nil:
+		tag, kind = tag+"-events", "-events"
 	case r.Volumes != nil && r.Resources == nil && r.Net == nil && r.Exec == nil && r.Micro == nil:
 		tag, kind = tag+"-volumes", "-volumes"
 	case r.Resources != nil && r.Net == nil && r.Micro == nil:
