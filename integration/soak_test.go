@@ -91,10 +91,22 @@ func TestCRISoak(t *testing.T) {
 		}
 		cycles = n
 	}
+	deadline, err := soakDeadline()
+	if err != nil {
+		t.Fatal(err)
+	}
+	flavoursLeft := len(s.flavours)
 	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
 		c.cleanupAfter(t)
 		sk := &soak{c: c, cl: c.cri(t), image: s.images["kernel"].ref}
 		start := time.Now()
+		// With a deadline, each flavour gets its share of the time left.
+		var stopAt time.Time
+		if !deadline.IsZero() {
+			stopAt = start.Add(time.Until(deadline) / time.Duration(flavoursLeft))
+			t.Logf("KVM_IT_SOAK_DEADLINE: this flavour starts no cycle after %s", stopAt.UTC().Format(time.TimeOnly))
+		}
+		flavoursLeft--
 		if err := sk.cycle(0, true); err != nil {
 			t.Fatalf("warm-up: %v", err)
 		}
@@ -106,6 +118,11 @@ func TestCRISoak(t *testing.T) {
 		}
 		var kinds []string
 		for n := 1; n <= cycles; n++ {
+			if !stopAt.IsZero() && time.Now().After(stopAt) {
+				t.Logf("KVM_IT_SOAK_DEADLINE reached: %d of %d cycles done", n-1, cycles)
+				cycles = n - 1
+				break
+			}
 			acpi := n%soakACPIEvery == 0
 			if err := sk.cycle(n, acpi); err != nil {
 				t.Fatalf("cycle %d of %d failed after %d good cycles: %v", n, cycles, n-1, err)
@@ -128,6 +145,21 @@ func TestCRISoak(t *testing.T) {
 		}
 		sk.checkShimMemory(t)
 	})
+}
+
+// soakDeadline reads KVM_IT_SOAK_DEADLINE (RFC 3339, optional): on a
+// shared host, a soak that must end by a given time runs as many of its
+// cycles as fit and says how many. Unset, every cycle runs.
+func soakDeadline() (time.Time, error) {
+	v := os.Getenv("KVM_IT_SOAK_DEADLINE")
+	if v == "" {
+		return time.Time{}, nil
+	}
+	d, err := time.Parse(time.RFC3339, v)
+	if err != nil {
+		return d, fmt.Errorf("KVM_IT_SOAK_DEADLINE=%q: want RFC 3339 (2006-01-02T15:04:05Z): %v", v, err)
+	}
+	return d, nil
 }
 
 // soak drives the cycles on one containerd and keeps what they measured.
@@ -335,6 +367,10 @@ func smapsRollup(pid int) (map[string]int, error) {
 // soakRSSGrowth (or soakRSSSlack).
 func (sk *soak) checkShimMemory(t *testing.T) {
 	t.Helper()
+	if len(sk.rss) == 0 {
+		t.Error("no cycle after the warm-up ran: nothing to compare")
+		return
+	}
 	size := max(1, len(sk.rss)/10)
 	var bands []shimMemory
 	for from := 0; from < len(sk.rss); from += size {
