@@ -423,6 +423,9 @@ func (c *containerd) soakSnapshot() (soakSnapshot, error) {
 	}
 	for _, dir := range []string{c.Root, c.State, c.ShimStateDir} {
 		if err := filepath.WalkDir(dir, func(path string, _ fs.DirEntry, err error) error {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil // removed during the walk (containerd's GC)
+			}
 			if err == nil {
 				s.files[path] = true
 			}
