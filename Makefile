@@ -10,6 +10,9 @@ LDFLAGS  := -s -w -X main.version=$(VERSION) -X main.revision=$(REVISION)
 GO       ?= go
 # Integration tests boot real VMs under TCG; give them room.
 INTEGRATION_TIMEOUT ?= 80m
+# The soak: TestCRISoak's cycles of ten pods at once, on each containerd.
+SOAK_CYCLES  ?= 100
+SOAK_TIMEOUT ?= 600m
 # FUZZTIME is how long `make fuzz` runs each fuzz target.
 FUZZTIME ?= 30s
 FUZZ_TARGETS = configdrive:FuzzAnnotations configdrive:FuzzSanitizeHostname shim:FuzzPodAnnotations shim:FuzzReadRecord vm:FuzzImageFormat vm:FuzzRender
@@ -18,7 +21,7 @@ INTEGRATION_RUN     ?= .
 E2E_TIMEOUT ?= 60m
 E2E_RUN     ?= .
 
-.PHONY: help build install setup setup-demo images k8s unit fuzz integration e2e test demo bench bench-net bench-numa clean
+.PHONY: help build install setup setup-demo images k8s unit fuzz integration soak e2e test demo bench bench-net bench-numa clean
 
 help: ## Show this help
 	@awk 'BEGIN{FS=":.*## "} /^[a-z0-9-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -52,6 +55,9 @@ fuzz: ## Run every fuzz target for FUZZTIME (default 30s) each, one after anothe
 
 integration: setup build images ## Run the integration tests against real containerd 1.6 and 2.x, libvirtd and QEMU
 	$(GO) test -tags integration -count=1 -v -timeout $(INTEGRATION_TIMEOUT) -run '$(INTEGRATION_RUN)' ./integration/
+
+soak: setup build images ## Soak: SOAK_CYCLES (100) cycles of 10 VM pods at once through CRI on containerd 1.6 and 2.x; fails on any error, leak or shim memory growth
+	KVM_IT_SOAK_CYCLES=$(SOAK_CYCLES) $(GO) test -tags integration -count=1 -v -timeout $(SOAK_TIMEOUT) -run '^TestCRISoak$$' ./integration/
 
 k8s: ## Build the pinned kube-apiserver, kube-controller-manager, kubelet, kube-proxy and kubectl (cached in /var/cache/kvm-shim)
 	hack/k8s/build.sh

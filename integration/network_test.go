@@ -4,6 +4,7 @@ package integration
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -48,15 +49,25 @@ type podNet struct {
 }
 
 // podNetwork reads the pod's IP and network namespace from PodSandboxStatus
-// (the netns path from the verbose info's runtime spec, as both 1.6 and
-// 2.x report it).
+// (sandboxNetwork) and fails t when CRI reports either as missing.
 func (cl *criClient) podNetwork(t *testing.T, p *pod) podNet {
 	t.Helper()
 	ctx, cancel := criCtx()
 	defer cancel()
-	resp, err := cl.Runtime.PodSandboxStatus(ctx, &cri.PodSandboxStatusRequest{PodSandboxId: p.id, Verbose: true})
+	n, err := cl.sandboxNetwork(ctx, p.id)
 	if err != nil {
-		t.Fatalf("PodSandboxStatus %s: %v", p.id, err)
+		t.Fatalf("pod %s: %v", p.config.Metadata.Name, err)
+	}
+	return n
+}
+
+// sandboxNetwork reads the IP and network namespace of sandbox id from
+// PodSandboxStatus (the netns path from the verbose info's runtime spec, as
+// both 1.6 and 2.x report it); it is an error when either is missing.
+func (cl *criClient) sandboxNetwork(ctx context.Context, id string) (podNet, error) {
+	resp, err := cl.Runtime.PodSandboxStatus(ctx, &cri.PodSandboxStatusRequest{PodSandboxId: id, Verbose: true})
+	if err != nil {
+		return podNet{}, fmt.Errorf("PodSandboxStatus %s: %w", id, err)
 	}
 	var info struct {
 		RuntimeSpec struct {
@@ -69,7 +80,7 @@ func (cl *criClient) podNetwork(t *testing.T, p *pod) podNet {
 		} `json:"runtimeSpec"`
 	}
 	if err := json.Unmarshal([]byte(resp.Info["info"]), &info); err != nil {
-		t.Fatalf("PodSandboxStatus %s: verbose info: %v\n%s", p.id, err, resp.Info["info"])
+		return podNet{}, fmt.Errorf("PodSandboxStatus %s: verbose info: %v\n%s", id, err, resp.Info["info"])
 	}
 	n := podNet{ip: resp.Status.GetNetwork().GetIp()}
 	for _, ns := range info.RuntimeSpec.Linux.Namespaces {
@@ -78,9 +89,9 @@ func (cl *criClient) podNetwork(t *testing.T, p *pod) podNet {
 		}
 	}
 	if n.ip == "" || n.netns == "" {
-		t.Fatalf("pod %s: CRI reports IP %q and network namespace %q; want both", p.config.Metadata.Name, n.ip, n.netns)
+		return n, fmt.Errorf("CRI reports IP %q and network namespace %q; want both", n.ip, n.netns)
 	}
-	return n
+	return n, nil
 }
 
 // gateway is the CNI bridge's address (host-local's default gateway: the

@@ -77,6 +77,7 @@ type Containerd struct {
 	Opt            string
 	Address        string // gRPC socket (CRI and containerd's API)
 	TTRPCAddress   string
+	DebugAddress   string // debug socket: expvar and pprof over HTTP
 	ConfigPath     string
 	LogPath        string
 	ShimConfigPath string // the kvm shim's TOML (runtime option ConfigPath)
@@ -258,6 +259,7 @@ func newContainerd(f Flavour, o Options) *Containerd {
 		Opt:            filepath.Join(o.Dir, "opt"),
 		Address:        filepath.Join(o.Dir, "containerd.sock"),
 		TTRPCAddress:   filepath.Join(o.Dir, "containerd.sock.ttrpc"),
+		DebugAddress:   filepath.Join(o.Dir, "debug.sock"),
 		ConfigPath:     filepath.Join(o.Dir, "config.toml"),
 		LogPath:        filepath.Join(o.Dir, "containerd.log"),
 		ShimConfigPath: filepath.Join(o.Dir, "kvm-shim.toml"),

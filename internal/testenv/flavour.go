@@ -86,6 +86,7 @@ imports = []
   address = {{q .TTRPCAddress}}
 
 [debug]
+  address = {{q .DebugAddress}}
   level = {{q .LogLevel}}
 
 [plugins]

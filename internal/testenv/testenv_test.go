@@ -194,3 +194,31 @@ func TestRuncShimDirHoldsOnlyTheLink(t *testing.T) {
 		t.Fatal("a missing runc shim was accepted")
 	}
 }
+
+func TestParseGoroutineTotal(t *testing.T) {
+	if n, err := parseGoroutineTotal("goroutine profile: total 123\n"); n != 123 || err != nil {
+		t.Errorf("parseGoroutineTotal = %d, %v; want 123", n, err)
+	}
+	if _, err := parseGoroutineTotal("<html>404 page not found\n"); err == nil {
+		t.Error("parseGoroutineTotal accepted a page that is not a goroutine profile")
+	}
+}
+
+func TestConfigHasDebugAddress(t *testing.T) {
+	for _, name := range FlavourNames() {
+		f, _ := LookupFlavour(name)
+		c := newContainerd(f, Options{Dir: t.TempDir(), SandboxImage: "localhost/pause:1", Bridge: "br0", Subnet: "10.1.2.0/24"})
+		if err := c.writeConfigs(""); err != nil {
+			t.Fatal(err)
+		}
+		var cfg struct {
+			Debug struct {
+				Address string `toml:"address"`
+			} `toml:"debug"`
+		}
+		b, _ := os.ReadFile(c.ConfigPath)
+		if err := toml.Unmarshal(b, &cfg); err != nil || cfg.Debug.Address != c.DebugAddress {
+			t.Errorf("%s: debug address %q (%v), want %q", name, cfg.Debug.Address, err, c.DebugAddress)
+		}
+	}
+}
