@@ -180,6 +180,21 @@ mount_hugetlb_cgroup() {
 	mount -t cgroup -o hugetlb cgroup /sys/fs/cgroup/hugetlb
 }
 
+# share_netns_dir makes /run/netns a shared mount point of its own before
+# any pod runs, as `ip netns add` does the first time it is used. Made
+# later, with pods' network namespaces mounted below it, that bind mount
+# hides a second copy of each of them that containerd 1.6 can never remove
+# (StopPodSandbox fails with EBUSY). The suite's own network tests run
+# `ip netns add` while other pods may run, so the mount is made here.
+share_netns_dir() {
+	mkdir -p /run/netns
+	if ! mountpoint -q /run/netns; then
+		log "making /run/netns a shared mount point"
+		mount --bind /run/netns /run/netns
+	fi
+	mount --make-shared /run/netns
+}
+
 build_containerd2() {
 	if [ -x "$CONTAINERD2_BIN/containerd" ] && [ -x "$CONTAINERD2_BIN/ctr" ] &&
 		[ -x "$CONTAINERD2_BIN/containerd-shim-runc-v2" ] &&
@@ -198,6 +213,7 @@ build_containerd2() {
 
 install_packages
 mount_hugetlb_cgroup
+share_netns_dir
 cgroups_changed=$(configure_libvirt_cgroups)
 start_daemon virtlogd
 if [ -n "$cgroups_changed" ]; then
