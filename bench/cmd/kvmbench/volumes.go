@@ -213,7 +213,7 @@ func runVolumes(ctx context.Context, e *env) (_ *volumesResults, retErr error) {
 	var raw *rawVolumeVM
 	for i := 0; i < res.VMs && ctx.Err() == nil; i++ {
 		logf("volumes: round %d/%d (%d MiB, %d random 4 KiB ops, %d runs per VM)", i+1, res.VMs, res.MiB, res.Ops, res.InnerRuns)
-		for _, v := range res.Variants {
+		for _, v := range roundOrder(res.Variants, i) {
 			var out, target string
 			var err error
 			switch v.Key {
@@ -250,6 +250,19 @@ func runVolumes(ctx context.Context, e *env) (_ *volumesResults, retErr error) {
 		}
 	}
 	return res, ctx.Err()
+}
+
+// roundOrder is the order the variants run in round i: as listed in even
+// rounds, reversed in odd ones, so that no variant always runs first after
+// the previous round's teardown (a host settling from it, or a pod's
+// removal still finishing, would weigh on one variant only). Round 0 runs
+// (a) first: (b) boots the kernel taken from it.
+func roundOrder(vs []*ioVariant, i int) []*ioVariant {
+	out := slices.Clone(vs)
+	if i%2 == 1 {
+		slices.Reverse(out)
+	}
+	return out
 }
 
 // writeFilled writes size bytes of pseudo-random data to path.
@@ -549,7 +562,7 @@ func (r *results) buildVolumes() {
 		return
 	}
 	r.Notes = append(r.Notes, fmt.Sprintf("Volumes: measured in the guest by hack/guest/iobench (a static Go program in the test initramfs, started by /init from kvm-guest.iobench= on the kernel command line): per run, %d MiB written then read in 1 MiB blocks, then %d random 4 KiB writes and %d random 4 KiB reads at aligned offsets in those %d MiB (the same offsets on every target), O_DIRECT where the target takes it (mode direct; else through the guest's page cache with the caches dropped before reads: mode cached), writes ended by fdatasync and timed with it. "+
-		"%d VMs per variant, run interleaved (a, b, c per round), %d runs each; a variant's medians and ranges are over all its runs, a ratio is taken per round (the median of one variant's runs in that round over the other's) and given as the median and range over the rounds. The loop device's file and the shared directory are on the host's disk file system (/var/tmp), written in full before the first run. "+
+		"%d VMs per variant, run interleaved (one VM of each per round, in the order a, b, c in even rounds and c, b, a in odd ones), %d runs each; a variant's medians and ranges are over all its runs, a ratio is taken per round (the median of one variant's runs in that round over the other's) and given as the median and range over the rounds. The loop device's file and the shared directory are on the host's disk file system (/var/tmp), written in full before the first run. "+
 		"(a) and (c): CRI pods on containerd %s (kernel command line by the kvm.containerd.io/kernel-cmdline annotation); (b): a domain written by hand with go-libvirt: the (a) VM's kernel, initrd, memory and vCPUs, one <disk type='block'> with cache=none io=native on the same loop device, a serial console into a file, nothing else; its QEMU joins a cgroup of its own beside the pods' before it runs (libvirt here manages no cpu controller: in the root cpu cgroup each QEMU thread would weigh as much as a whole pod's group when other users load the cores). "+
 		"Every guest boots with kvm-guest.agent=off (no QEMU guest agent: (b) has no channel for it), so the same guest processes share the one emulated vCPU with the benchmark. The loop device is buffered (losetup's default): the figures are the virtualization path's over the host page cache, not the host disk's. Under TCG the guest's emulated CPU bounds every figure.",
 		x.MiB, x.Ops, x.Ops, x.MiB, x.VMs, x.InnerRuns, x.Flavour))

@@ -196,3 +196,21 @@ func TestBuildVolumes(t *testing.T) {
 		t.Errorf("markdown lacks the volumes rows or note:\n%s", md)
 	}
 }
+
+func TestRoundOrderAlternates(t *testing.T) {
+	vs := []*ioVariant{{Key: "a"}, {Key: "b"}, {Key: "c"}}
+	keys := func(vs []*ioVariant) (s string) {
+		for _, v := range vs {
+			s += v.Key
+		}
+		return s
+	}
+	for i, want := range []string{"abc", "cba", "abc", "cba"} {
+		if got := keys(roundOrder(vs, i)); got != want {
+			t.Errorf("round %d: %s, want %s", i, got, want)
+		}
+	}
+	if keys(vs) != "abc" {
+		t.Errorf("roundOrder changed its argument: %s", keys(vs))
+	}
+}
