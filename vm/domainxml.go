@@ -197,7 +197,9 @@ type diskTargetXML struct {
 type controllerXML struct {
 	Type  string `xml:"type,attr"`
 	Index *int   `xml:"index,attr,omitempty"`
-	Model string `xml:"model,attr"`
+	Model string `xml:"model,attr,omitempty"`
+	// Ports is a virtio-serial controller's number of ports.
+	Ports int `xml:"ports,attr,omitempty"`
 }
 
 type serialXML struct {

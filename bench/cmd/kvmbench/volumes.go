@@ -70,8 +70,14 @@ type ioVariant struct {
 	RandReadIOPS  []float64 `json:"rand_read_iops"`
 	// Rounds holds the round of each sample: ratios pair the VMs of one
 	// round, which ran back to back.
-	Rounds   []int    `json:"rounds"`
-	Failures []string `json:"failures,omitempty"`
+	Rounds []int `json:"rounds"`
+	// CPUSeconds is, per VM, the CPU time its QEMU's cgroup used from
+	// the guest's "start" line to its "done" (the workload's runs, not
+	// the boot), with CPURounds its round: the host CPU the same work
+	// cost, which other users loading the cores barely change.
+	CPUSeconds []float64 `json:"qemu_cpu_s,omitempty"`
+	CPURounds  []int     `json:"qemu_cpu_rounds,omitempty"`
+	Failures   []string  `json:"failures,omitempty"`
 }
 
 type volumesResults struct {
@@ -213,14 +219,15 @@ func runVolumes(ctx context.Context, e *env) (_ *volumesResults, retErr error) {
 	var raw *rawVolumeVM
 	for i := 0; i < res.VMs && ctx.Err() == nil; i++ {
 		logf("volumes: round %d/%d (%d MiB, %d random 4 KiB ops, %d runs per VM)", i+1, res.VMs, res.MiB, res.Ops, res.InnerRuns)
-		for _, v := range res.Variants {
+		for _, v := range roundOrder(res.Variants, i) {
 			var out, target string
+			var cpu float64
 			var err error
 			switch v.Key {
 			case "a":
 				var got *rawVolumeVM
 				target = "disk:" + volumeSerial
-				out, got, err = volumePodRun(ctx, d, e, h, l, "volumes-a", i, res.iobenchArg(target), testenv.ContainerOptions{
+				out, cpu, got, err = volumePodRun(ctx, d, e, h, l, "volumes-a", i, res.iobenchArg(target), testenv.ContainerOptions{
 					Devices: []*cri.Device{{ContainerPath: volumeDevicePath, HostPath: loop, Permissions: "rwm"}},
 				}, raw == nil)
 				if got != nil {
@@ -232,15 +239,18 @@ func runVolumes(ctx context.Context, e *env) (_ *volumesResults, retErr error) {
 					break
 				}
 				target = "disk:" + volumeSerial
-				out, err = raw.run(ctx, l, h, e.rawDir, i, loop, res.iobenchArg(target))
+				out, cpu, err = raw.run(ctx, l, h, e.rawDir, i, loop, res.iobenchArg(target))
 			case "c":
 				target = "dir:" + volumeSharePath
-				out, _, err = volumePodRun(ctx, d, e, h, l, "volumes-c", i, res.iobenchArg(target), testenv.ContainerOptions{
+				out, cpu, _, err = volumePodRun(ctx, d, e, h, l, "volumes-c", i, res.iobenchArg(target), testenv.ContainerOptions{
 					Mounts: []*cri.Mount{{ContainerPath: volumeSharePath, HostPath: share}},
 				}, false)
 			}
 			if err == nil {
 				err = v.addOutput(out, target, res.InnerRuns, i)
+			}
+			if err == nil {
+				v.CPUSeconds, v.CPURounds = append(v.CPUSeconds, cpu), append(v.CPURounds, i)
 			}
 			if err != nil {
 				logf("volumes: %s round %d failed: %v", v.Key, i, err)
@@ -250,6 +260,19 @@ func runVolumes(ctx context.Context, e *env) (_ *volumesResults, retErr error) {
 		}
 	}
 	return res, ctx.Err()
+}
+
+// roundOrder is the order the variants run in round i: as listed in even
+// rounds, reversed in odd ones, so that no variant always runs first after
+// the previous round's teardown (a host settling from it, or a pod's
+// removal still finishing, would weigh on one variant only). Round 0 runs
+// (a) first: (b) boots the kernel taken from it.
+func roundOrder(vs []*ioVariant, i int) []*ioVariant {
+	out := slices.Clone(vs)
+	if i%2 == 1 {
+		slices.Reverse(out)
+	}
+	return out
 }
 
 // writeFilled writes size bytes of pseudo-random data to path.
@@ -276,46 +299,67 @@ func writeFilled(path string, size int64) error {
 // volumePodRun runs a VM pod with the volumes in o whose guest runs the
 // storage benchmark, waits for its figures and removes the pod. With
 // capture, it also returns what a raw domain needs to boot the same guest.
-func volumePodRun(ctx context.Context, d *daemon, e *env, h cgroup.Hierarchies, l *libvirt.Libvirt, name string, i int, iobench string, o testenv.ContainerOptions, capture bool) (out string, raw *rawVolumeVM, retErr error) {
+func volumePodRun(ctx context.Context, d *daemon, e *env, h cgroup.Hierarchies, l *libvirt.Libvirt, name string, i int, iobench string, o testenv.ContainerOptions, capture bool) (out string, cpu float64, raw *rawVolumeVM, retErr error) {
 	cl, err := d.DialCRI()
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	defer cl.Close()
 	o.MemoryLimit = int64(e.cfg.memoryMiB) << 20
 	o.Annotations = map[string]string{"kvm.containerd.io/kernel-cmdline": volumeCmdline + iobench}
-	_, logPath, _, stop, err := vmPod(ctx, d, cl, h, fmt.Sprintf("%s-%d", name, i), o)
+	_, logPath, g, stop, err := vmPod(ctx, d, cl, h, fmt.Sprintf("%s-%d", name, i), o)
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	defer func() { retErr = errors.Join(retErr, stop()) }()
 	if capture {
 		if raw, err = captureRawVolumeVM(l, d, e.rawDir); err != nil {
-			return "", nil, fmt.Errorf("take the shim VM's kernel, initrd and size: %w", err)
+			return "", 0, nil, fmt.Errorf("take the shim VM's kernel, initrd and size: %w", err)
 		}
 	}
-	out, err = waitIO(ctx, func() string { return logPath })
-	return out, raw, err
+	out, cpu, err = waitIO(ctx, func() string { return logPath }, g)
+	return out, cpu, raw, err
 }
 
 // waitIO waits until the console log (found by locate) has the guest's
-// KVM-GUEST-IO done or a failure, and returns it.
-func waitIO(ctx context.Context, locate func() string) (string, error) {
+// KVM-GUEST-IO done or a failure, and returns it with the CPU seconds
+// QEMU's cgroup g used between the guest's start line and its done (read
+// when the poll first sees each, every 100 ms of runs that take tens of
+// seconds).
+func waitIO(ctx context.Context, locate func() string, g *cgroup.Group) (string, float64, error) {
 	ctx, cancel := context.WithTimeout(ctx, ioTimeout)
 	defer cancel()
 	var out string
-	var ioErr error
+	var ioErr, cpuErr error
+	var startNs, endNs uint64
+	usage := func() uint64 {
+		s, err := g.Stats()
+		cpuErr = errors.Join(cpuErr, err)
+		return s.CPUUsageNs
+	}
 	err := testenv.Poll(ctx, 100*time.Millisecond, func() (bool, string) {
 		b, _ := os.ReadFile(locate())
 		out = string(b)
+		var target string
 		var done bool
-		_, _, _, done, ioErr = parseIO(out)
+		target, _, _, done, ioErr = parseIO(out)
+		if target != "" && startNs == 0 {
+			startNs = usage()
+		}
+		if done {
+			endNs = usage()
+		}
 		return done || ioErr != nil, "no KVM-GUEST-IO done on the console; tail:\n" + testenv.Tail(out, 10)
 	})
-	if ioErr != nil {
-		return out, ioErr
+	switch {
+	case ioErr != nil:
+		return out, 0, ioErr
+	case err != nil:
+		return out, 0, err
+	case cpuErr != nil:
+		return out, 0, fmt.Errorf("QEMU's CPU time: %w", cpuErr)
 	}
-	return out, err
+	return out, float64(endNs-startNs) / 1e9, nil
 }
 
 // rawVolumeVM is what the raw domain (b) shares with the shim's VM: the
@@ -490,35 +534,35 @@ func (vm *rawVolumeVM) domainXML(name, uuid, dev, consoleLog, cmdline string) ([
 // libvirt leaves the cpu controller alone, so QEMU would otherwise stay in
 // the root cpu cgroup, where each of its threads weighs as much as a whole
 // pod group when other users load the cores.
-func (vm *rawVolumeVM) run(ctx context.Context, l *libvirt.Libvirt, h cgroup.Hierarchies, rawDir string, i int, dev, iobench string) (_ string, retErr error) {
+func (vm *rawVolumeVM) run(ctx context.Context, l *libvirt.Libvirt, h cgroup.Hierarchies, rawDir string, i int, dev, iobench string) (_ string, _ float64, retErr error) {
 	name := fmt.Sprintf("kvmbench-vol-%d-%d", os.Getpid(), i)
 	runDir := filepath.Join(rawDir, fmt.Sprintf("volumes-run-%d", i))
 	if err := os.MkdirAll(runDir, 0o755); err != nil {
-		return "", err
+		return "", 0, err
 	}
 	defer os.RemoveAll(runDir)
 	consoleLog := filepath.Join(runDir, "console.log")
 	x, err := vm.domainXML(name, newUUID(), dev, consoleLog, volumeCmdline+iobench)
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	dom, err := l.DomainDefineXML(string(x))
 	if err != nil {
-		return "", fmt.Errorf("define: %w", err)
+		return "", 0, fmt.Errorf("define: %w", err)
 	}
 	defer func() {
 		_ = l.DomainDestroy(dom)
 		retErr = errors.Join(retErr, l.DomainUndefine(dom))
 	}()
 	if _, err := l.DomainCreateWithFlags(dom, uint32(libvirt.DomainStartPaused)); err != nil {
-		return "", fmt.Errorf("create: %w", err)
+		return "", 0, fmt.Errorf("create: %w", err)
 	}
 	g, err := h.Group("/kvmbench/" + name)
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	if _, err := g.Create(); err != nil {
-		return "", err
+		return "", 0, err
 	}
 	defer func() {
 		_ = l.DomainDestroy(dom) // before the group goes: it must be empty
@@ -526,19 +570,19 @@ func (vm *rawVolumeVM) run(ctx context.Context, l *libvirt.Libvirt, h cgroup.Hie
 	}()
 	pid, err := os.ReadFile(filepath.Join("/run/libvirt/qemu", name+".pid"))
 	if err != nil {
-		return "", fmt.Errorf("QEMU's pid: %w", err)
+		return "", 0, fmt.Errorf("QEMU's pid: %w", err)
 	}
 	n, err := strconv.Atoi(strings.TrimSpace(string(pid)))
 	if err != nil {
-		return "", fmt.Errorf("QEMU's pid file: %q", pid)
+		return "", 0, fmt.Errorf("QEMU's pid file: %q", pid)
 	}
 	if err := g.Join(n); err != nil {
-		return "", err
+		return "", 0, err
 	}
 	if err := l.DomainResume(dom); err != nil {
-		return "", fmt.Errorf("resume: %w", err)
+		return "", 0, fmt.Errorf("resume: %w", err)
 	}
-	return waitIO(ctx, func() string { return consoleLog })
+	return waitIO(ctx, func() string { return consoleLog }, g)
 }
 
 // buildVolumes adds the volume rows: each variant's figures, a/b with
@@ -549,9 +593,9 @@ func (r *results) buildVolumes() {
 		return
 	}
 	r.Notes = append(r.Notes, fmt.Sprintf("Volumes: measured in the guest by hack/guest/iobench (a static Go program in the test initramfs, started by /init from kvm-guest.iobench= on the kernel command line): per run, %d MiB written then read in 1 MiB blocks, then %d random 4 KiB writes and %d random 4 KiB reads at aligned offsets in those %d MiB (the same offsets on every target), O_DIRECT where the target takes it (mode direct; else through the guest's page cache with the caches dropped before reads: mode cached), writes ended by fdatasync and timed with it. "+
-		"%d VMs per variant, run interleaved (a, b, c per round), %d runs each; a variant's medians and ranges are over all its runs, a ratio is taken per round (the median of one variant's runs in that round over the other's) and given as the median and range over the rounds. The loop device's file and the shared directory are on the host's disk file system (/var/tmp), written in full before the first run. "+
+		"%d VMs per variant, run interleaved (one VM of each per round, in the order a, b, c in even rounds and c, b, a in odd ones), %d runs each; a variant's medians and ranges are over all its runs, a ratio is taken per round (the median of one variant's runs in that round over the other's) and given as the median and range over the rounds. The loop device's file and the shared directory are on the host's disk file system (/var/tmp), written in full before the first run. "+
 		"(a) and (c): CRI pods on containerd %s (kernel command line by the kvm.containerd.io/kernel-cmdline annotation); (b): a domain written by hand with go-libvirt: the (a) VM's kernel, initrd, memory and vCPUs, one <disk type='block'> with cache=none io=native on the same loop device, a serial console into a file, nothing else; its QEMU joins a cgroup of its own beside the pods' before it runs (libvirt here manages no cpu controller: in the root cpu cgroup each QEMU thread would weigh as much as a whole pod's group when other users load the cores). "+
-		"Every guest boots with kvm-guest.agent=off (no QEMU guest agent: (b) has no channel for it), so the same guest processes share the one emulated vCPU with the benchmark. The loop device is buffered (losetup's default): the figures are the virtualization path's over the host page cache, not the host disk's. Under TCG the guest's emulated CPU bounds every figure.",
+		"Every guest boots with kvm-guest.agent=off (no QEMU guest agent: (b) has no channel for it), so the same guest processes share the one emulated vCPU with the benchmark. The loop device is buffered (losetup's default): the figures are the virtualization path's over the host page cache, not the host disk's. Under TCG the guest's emulated CPU bounds every figure. QEMU CPU: the CPU time of the VM's QEMU cgroup (the pod container's for (a) and (c), virtiofsd included in (c); (b)'s own) from the guest's start line to its done line, read by the 100 ms poll of the console: the host cost of the same runs, which other users of the cores change far less than the throughput.",
 		x.MiB, x.Ops, x.Ops, x.MiB, x.VMs, x.InnerRuns, x.Flavour))
 	byKey := map[string]*ioVariant{}
 	for _, v := range x.Variants {
@@ -560,8 +604,8 @@ func (r *results) buildVolumes() {
 		if len(v.Failures) > 0 {
 			status = fmt.Sprintf("%d failed", len(v.Failures))
 		}
-		r.add("volumes (TCG)", v.Label, fmt.Sprintf("seq write %s MiB/s, seq read %s MiB/s; 4 KiB random write %s IOPS, random read %s IOPS; I/O %s",
-			spread(v.SeqWriteMiBs), spread(v.SeqReadMiBs), spread(v.RandWriteIOPS), spread(v.RandReadIOPS), v.Mode), "", status)
+		r.add("volumes (TCG)", v.Label, fmt.Sprintf("seq write %s MiB/s, seq read %s MiB/s; 4 KiB random write %s IOPS, random read %s IOPS; I/O %s; QEMU CPU for a VM's runs %s s",
+			spread(v.SeqWriteMiBs), spread(v.SeqReadMiBs), spread(v.RandWriteIOPS), spread(v.RandReadIOPS), v.Mode, spread(v.CPUSeconds)), "", status)
 	}
 	ratio := func(name string, x, y *ioVariant, target float64) {
 		if x == nil || y == nil {
@@ -594,6 +638,13 @@ func (r *results) buildVolumes() {
 	}
 	ratio("a/b", byKey["a"], byKey["b"], targetVolumeRatio)
 	ratio("c/a", byKey["c"], byKey["a"], 0)
+	if a, b := byKey["a"], byKey["b"]; a != nil && b != nil {
+		if qs := roundRatios(a.CPUSeconds, a.CPURounds, b.CPUSeconds, b.CPURounds); len(qs) > 0 {
+			q := summarize(qs)
+			r.Derived["volumes_cpu_ratio_a_b"] = q.Median
+			r.add("volumes (TCG)", "a/b: QEMU CPU seconds for the same runs", fmt.Sprintf("%.2f (%.2f-%.2f) (per round; above 1: the shim's VM costs the host more CPU for the same I/O)", q.Median, q.Min, q.Max), "", "info")
+		}
+	}
 }
 
 // roundRatios pairs two variants' samples by round: for each round both

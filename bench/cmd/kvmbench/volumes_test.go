@@ -163,8 +163,10 @@ func TestRoundRatios(t *testing.T) {
 
 func TestBuildVolumes(t *testing.T) {
 	r := &results{Volumes: &volumesResults{Flavour: "1.6", MiB: 16, Ops: 400, VMs: 3, InnerRuns: 3, Variants: []*ioVariant{
-		{Key: "a", Label: "(a) shim", Mode: "direct", SeqWriteMiBs: []float64{40, 50, 60}, SeqReadMiBs: []float64{100, 100, 100}, RandWriteIOPS: []float64{900, 900, 900}, RandReadIOPS: []float64{1000, 1000, 1000}, Rounds: []int{0, 0, 1}},
-		{Key: "b", Label: "(b) raw", Mode: "direct", SeqWriteMiBs: []float64{50, 50}, SeqReadMiBs: []float64{100, 100}, RandWriteIOPS: []float64{1000, 1000}, RandReadIOPS: []float64{1000, 1000}, Rounds: []int{0, 1}},
+		{Key: "a", Label: "(a) shim", Mode: "direct", SeqWriteMiBs: []float64{40, 50, 60}, SeqReadMiBs: []float64{100, 100, 100}, RandWriteIOPS: []float64{900, 900, 900}, RandReadIOPS: []float64{1000, 1000, 1000}, Rounds: []int{0, 0, 1},
+			CPUSeconds: []float64{22, 30}, CPURounds: []int{0, 1}},
+		{Key: "b", Label: "(b) raw", Mode: "direct", SeqWriteMiBs: []float64{50, 50}, SeqReadMiBs: []float64{100, 100}, RandWriteIOPS: []float64{1000, 1000}, RandReadIOPS: []float64{1000, 1000}, Rounds: []int{0, 1},
+			CPUSeconds: []float64{20, 20}, CPURounds: []int{0, 1}},
 		{Key: "c", Label: "(c) virtiofs", Mode: "cached", SeqWriteMiBs: []float64{25}, SeqReadMiBs: []float64{50}, RandWriteIOPS: []float64{300}, RandReadIOPS: []float64{500}, Rounds: []int{0},
 			Failures: []string{"round 1: boom"}},
 	}}}
@@ -188,11 +190,36 @@ func TestBuildVolumes(t *testing.T) {
 	if c := rows["(c) virtiofs"]; c.Status != "1 failed" || !strings.Contains(c.Value, "I/O cached") {
 		t.Errorf("(c) row: %+v", c)
 	}
+	// CPU per round: 22/20 and 30/20.
+	if cpu := rows["a/b: QEMU CPU seconds for the same runs"]; !strings.HasPrefix(cpu.Value, "1.30 (1.10-1.50)") || cpu.Status != "info" {
+		t.Errorf("a/b CPU row: %+v", cpu)
+	}
+	if a := rows["(a) shim"]; !strings.Contains(a.Value, "QEMU CPU for a VM's runs 26.0 (22.0-30.0, n=2) s") {
+		t.Errorf("(a) row lacks its CPU: %+v", a)
+	}
 	if got := r.Derived["volumes_ratio_a_b_rand_write"]; got != 0.9 {
 		t.Errorf("derived a/b rand write = %v", got)
 	}
 	md := r.markdown()
 	if !strings.Contains(md, "hack/guest/iobench") || !strings.Contains(md, "| volumes (TCG) |") {
 		t.Errorf("markdown lacks the volumes rows or note:\n%s", md)
+	}
+}
+
+func TestRoundOrderAlternates(t *testing.T) {
+	vs := []*ioVariant{{Key: "a"}, {Key: "b"}, {Key: "c"}}
+	keys := func(vs []*ioVariant) (s string) {
+		for _, v := range vs {
+			s += v.Key
+		}
+		return s
+	}
+	for i, want := range []string{"abc", "cba", "abc", "cba"} {
+		if got := keys(roundOrder(vs, i)); got != want {
+			t.Errorf("round %d: %s, want %s", i, got, want)
+		}
+	}
+	if keys(vs) != "abc" {
+		t.Errorf("roundOrder changed its argument: %s", keys(vs))
 	}
 }
