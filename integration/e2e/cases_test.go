@@ -371,13 +371,24 @@ func testCleanRunLogs(t *testing.T, e *env) {
 		}
 	}
 	for _, line := range strings.Split(e.cluster.LogSince("kubelet", 0), "\n") {
-		if strings.HasPrefix(line, "E") && mentionsVM(line) {
+		if strings.HasPrefix(line, "E") && mentionsVM(line) && !deletedPodStatusRace(line) {
 			bad = append(bad, "kubelet: "+line)
 		}
 	}
 	if len(bad) > 0 {
 		t.Errorf("errors about VM pods or the kvm runtime in a clean run:\n%s", strings.Join(bad, "\n"))
 	}
+}
+
+// deletedPodStatusRace is kubelet's status manager asking for a pod the
+// API server has just deleted: the node authorizer has already dropped the
+// pod from the node's graph, so the read is forbidden. kubelet logs it as
+// an error for a pod of any runtime (seen once on 2.x after
+// DeletePowersOff's kubectl delete); it says nothing about the VM.
+func deletedPodStatusRace(line string) bool {
+	return strings.Contains(line, "Failed to get status for pod") &&
+		strings.Contains(line, "is forbidden") &&
+		strings.Contains(line, "no relationship found between node")
 }
 
 // mentionsVM reports whether a log line is about the kvm runtime or one
