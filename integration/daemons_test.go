@@ -4,38 +4,26 @@ package integration
 
 import (
 	"fmt"
-	"os"
 	"os/exec"
-	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
 )
 
 // The host's libvirtd and virtlogd, as hack/setup-host.sh starts them
 // (`/usr/sbin/NAME -d`, pid in /run/NAME.pid). Tests kill and start them
 // only while the suite holds the integration lock; its descriptor is
-// close-on-exec, so a daemon started here does not inherit it.
-
-func daemonPid(name string) int {
-	b, err := os.ReadFile("/run/" + name + ".pid")
-	if err != nil {
-		return 0
-	}
-	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-	if pid <= 0 || syscall.Kill(pid, 0) != nil {
-		return 0
-	}
-	return pid
-}
+// close-on-exec, so a daemon started here does not inherit it. Their pid:
+// testenv.DaemonPid.
 
 // killDaemon kills the host daemon with SIGKILL and waits until it is gone.
 func killDaemon(t *testing.T, name string) {
 	t.Helper()
-	pid := daemonPid(name)
+	pid := testenv.DaemonPid(name)
 	if pid == 0 {
 		t.Fatalf("no live %s in /run/%s.pid", name, name)
 	}
@@ -55,7 +43,7 @@ func startDaemon(t *testing.T, name string) {
 		t.Fatalf("start %s: %v: %s", name, err, out)
 	}
 	if err := poll(time.Minute, func() (bool, string) {
-		if daemonPid(name) == 0 {
+		if testenv.DaemonPid(name) == 0 {
 			return false, name + " has no live pid file"
 		}
 		if name != "libvirtd" {
@@ -71,7 +59,7 @@ func startDaemon(t *testing.T, name string) {
 // ensureDaemon leaves the host with the daemon running, whatever the test
 // did.
 func ensureDaemon(t *testing.T, name string) {
-	if daemonPid(name) == 0 {
+	if testenv.DaemonPid(name) == 0 {
 		startDaemon(t, name)
 	}
 }

@@ -52,7 +52,7 @@ func TestLibvirtdShimChurn(t *testing.T) {
 	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
 		c.cleanupAfter(t)
 		cl := c.cri(t)
-		pid := daemonPid("libvirtd")
+		pid := testenv.DaemonPid("libvirtd")
 		if pid == 0 {
 			t.Fatal("libvirtd has no live pid in /run/libvirtd.pid")
 		}
@@ -191,24 +191,10 @@ func waitShimsSubscribed(t *testing.T, c *containerd, n int) []int {
 	t.Helper()
 	var pids []int
 	if err := poll(time.Minute, func() (bool, string) {
-		pids = pids[:0]
-		for _, p := range c.ShimProcesses() {
-			pids = append(pids, p.Pid)
-		}
-		if len(pids) != n {
-			return false, fmt.Sprintf("%d shim processes, want %d", len(pids), n)
-		}
-		clients, err := testenv.LibvirtClientPids()
-		if err != nil {
-			return false, err.Error()
-		}
-		var missing []int
-		for _, p := range pids {
-			if !clients[p] {
-				missing = append(missing, p)
-			}
-		}
-		return len(missing) == 0, fmt.Sprintf("shims %v not connected to libvirtd", missing)
+		var ok bool
+		var status string
+		pids, ok, status = c.ShimsSubscribed(n)
+		return ok, status
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +206,7 @@ func waitShimsSubscribed(t *testing.T, c *containerd, n int) []int {
 // no connection of the ended shims.
 func checkLibvirtdAfterChurn(t *testing.T, pid int, shims []int, logFrom int64) {
 	t.Helper()
-	if got := daemonPid("libvirtd"); got != pid {
+	if got := testenv.DaemonPid("libvirtd"); got != pid {
 		t.Fatalf("libvirtd was pid %d, now %d: it died while the shims ended", pid, got)
 	}
 	if out, err := virsh("version"); err != nil {

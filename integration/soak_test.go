@@ -409,7 +409,7 @@ type procCounts struct{ pid, fds, threads int }
 
 func (c *containerd) soakSnapshot() (soakSnapshot, error) {
 	s := soakSnapshot{daemons: map[string]procCounts{}, files: map[string]bool{}}
-	pids := map[string]int{"containerd": c.Pid(), "libvirtd": daemonPid("libvirtd"), "virtlogd": daemonPid("virtlogd")}
+	pids := map[string]int{"containerd": c.Pid(), "libvirtd": testenv.DaemonPid("libvirtd"), "virtlogd": testenv.DaemonPid("virtlogd")}
 	for name, pid := range pids {
 		pc, err := countsOf(pid)
 		if err != nil {

@@ -2,9 +2,11 @@ package testenv
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // LibvirtClientPids is the set of peer pids of libvirtd's local (unix
@@ -41,4 +43,41 @@ func clientPid(info string) (int, bool) {
 		}
 	}
 	return 0, false
+}
+
+// ShimsSubscribed tells whether this daemon has exactly n shims and each
+// is a client of libvirtd (a shim's vm.Connect subscribes to events in the
+// same step), for a poll: their pids, and what is missing while not.
+func (c *Containerd) ShimsSubscribed(n int) (pids []int, ok bool, status string) {
+	for _, p := range c.ShimProcesses() {
+		pids = append(pids, p.Pid)
+	}
+	if len(pids) != n {
+		return pids, false, fmt.Sprintf("%d shim processes, want %d", len(pids), n)
+	}
+	clients, err := LibvirtClientPids()
+	if err != nil {
+		return pids, false, err.Error()
+	}
+	var missing []int
+	for _, p := range pids {
+		if !clients[p] {
+			missing = append(missing, p)
+		}
+	}
+	return pids, len(missing) == 0, fmt.Sprintf("shims %v not connected to libvirtd", missing)
+}
+
+// DaemonPid is the live pid in /run/<name>.pid of a host daemon started
+// as hack/setup-host.sh does (`/usr/sbin/NAME -d`), 0 if none.
+func DaemonPid(name string) int {
+	b, err := os.ReadFile("/run/" + name + ".pid")
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if pid <= 0 || syscall.Kill(pid, 0) != nil {
+		return 0
+	}
+	return pid
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -95,7 +94,7 @@ func measureEvents(ctx context.Context, e *env, d *daemon, n int) (res eventsRes
 	if err != nil {
 		return res, err
 	}
-	libvirtd := daemonPid("libvirtd")
+	libvirtd := testenv.DaemonPid("libvirtd")
 	if libvirtd == 0 {
 		return res, errors.New("libvirtd has no live pid in /run/libvirtd.pid")
 	}
@@ -161,44 +160,14 @@ func waitSubscribed(ctx context.Context, d *daemon, n int) ([]int, error) {
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	err := testenv.Poll(wctx, time.Second, func() (bool, string) {
-		pids = pids[:0]
-		for _, p := range d.ShimProcesses() {
-			pids = append(pids, p.Pid)
-		}
-		if len(pids) != n {
-			return false, fmt.Sprintf("%d shim processes, want %d", len(pids), n)
-		}
-		clients, err := testenv.LibvirtClientPids()
-		if err != nil {
-			return false, err.Error()
-		}
-		missing := 0
-		for _, p := range pids {
-			if !clients[p] {
-				missing++
-			}
-		}
-		return missing == 0, fmt.Sprintf("%d of %d shims not connected to libvirtd", missing, n)
+		var ok bool
+		var status string
+		pids, ok, status = d.ShimsSubscribed(n)
+		return ok, status
 	})
 	// Connect subscribes right after the connection is made.
 	time.Sleep(time.Second)
 	return pids, err
-}
-
-// daemonPid is the live pid in /run/<name>.pid, 0 if none.
-func daemonPid(name string) int {
-	b, err := os.ReadFile("/run/" + name + ".pid")
-	if err != nil {
-		return 0
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || pid <= 0 {
-		return 0
-	}
-	if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
-		return 0
-	}
-	return pid
 }
 
 func shimsCPU(pids []int) time.Duration {
