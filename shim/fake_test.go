@@ -17,18 +17,21 @@ import (
 // fakeDomains is libvirt with state: defined domains, which run, and a
 // console socket per running domain. Tests drive exits by calling stop.
 type fakeDomains struct {
-	mu       sync.Mutex
-	doms     map[string]*fakeDomain
-	calls    []string
-	startErr error
-	resumed  func(name string) // called after a Resume, without mu
-	shutdown func(name string) // called as a Shutdown begins, without mu
-	guest    *vmtest.FakeGuest // the agent of every domain
-	pid      int               // QEMU's pid for every domain; 0 is 4242
-	vcpuErr  error             // a plug (SetVCPUs growing) fails with it, after plugging one vCPU
-	lateErr  error             // SetVCPUs fails with it, yet makes the change (a guest slower than libvirt waits)
-	memStuck bool              // the guest plugs no more than it has (RequestMemory times out)
-	cpuStuck bool              // the guest's agent answers SetGuestVCPUs but its CPUs stay as they are
+	mu        sync.Mutex
+	doms      map[string]*fakeDomain
+	calls     []string
+	startErr  error
+	starting  func(name string) // called as a Start begins, without mu
+	stateRead func(name string) // called after a State read, without mu
+	resumed   func(name string) // called after a Resume, without mu
+	shutdown  func(name string) // called as a Shutdown begins, without mu
+	guest     *vmtest.FakeGuest // the agent of every domain
+	pid       int               // QEMU's pid for every domain; 0 is 4242
+	vcpuErr   error             // a plug (SetVCPUs growing) fails with it, after plugging one vCPU
+	lateErr   error             // SetVCPUs fails with it, yet makes the change (a guest slower than libvirt waits)
+	memStuck  bool              // the guest plugs no more than it has (RequestMemory times out)
+	cpuStuck  bool              // the guest's agent answers SetGuestVCPUs but its CPUs stay as they are
+	reconnect uint64            // Reconnects: how often libvirtd was away and back
 }
 
 type fakeDomain struct {
@@ -37,6 +40,8 @@ type fakeDomain struct {
 	running  bool
 	paused   bool
 	reason   vm.StopReason
+	exited   chan struct{} // closed when the domain stops: its QEMU's exit
+	qemuDead bool          // QEMU exited; libvirt may not know yet
 	console  string
 	listener net.Listener
 	conns    []net.Conn       // guarded by fakeDomains.mu
@@ -98,6 +103,9 @@ func (f *fakeDomains) Define(b []byte) error {
 }
 
 func (f *fakeDomains) Start(name string, paused bool) error {
+	if f.starting != nil {
+		f.starting(name)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.record("start " + name)
@@ -125,11 +133,33 @@ func (f *fakeDomains) Start(name string, paused bool) error {
 		}
 	}()
 	d.listener, d.running, d.paused = l, true, paused
+	d.exited, d.qemuDead = make(chan struct{}), false
 	return nil
 }
 
-// stop ends a running domain as libvirt would: QEMU closes the console.
+// stop ends a running domain as libvirt would: QEMU exits and closes the
+// console.
 func (f *fakeDomains) stop(name string, reason vm.StopReason) {
+	f.qemuGone(name)
+	f.stopUnwatched(name, reason)
+}
+
+// qemuGone ends the domain's QEMU process, which libvirt has not seen
+// yet: the domain still runs to libvirt.
+func (f *fakeDomains) qemuGone(name string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d := f.doms[name]
+	if d.exited != nil {
+		close(d.exited)
+		d.exited = nil
+	}
+	d.qemuDead = true
+}
+
+// stopUnwatched stops the domain as libvirt sees it while the watch of
+// its QEMU reports nothing (an exit only a re-read of the state finds).
+func (f *fakeDomains) stopUnwatched(name string, reason vm.StopReason) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	d := f.doms[name]
@@ -178,6 +208,9 @@ func (f *fakeDomains) Shutdown(name string) error {
 		if !d.running || d.paused { // libvirt: "domain is not running"
 			return notRunning(name)
 		}
+		if d.qemuDead { // libvirt reaches the monitor of a QEMU just gone
+			return fmt.Errorf("power off domain %s: Unable to read from monitor: Connection reset by peer", name)
+		}
 		return nil
 	})
 }
@@ -200,6 +233,9 @@ func (f *fakeDomains) Undefine(name string) error {
 }
 
 func (f *fakeDomains) State(name string) (vm.State, error) {
+	if f.stateRead != nil {
+		defer f.stateRead(name)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	d, err := f.get(name)
@@ -259,6 +295,35 @@ func (f *fakeDomains) PID(name string) (int, error) {
 		return f.pid, nil
 	}
 	return 4242, nil
+}
+
+func (f *fakeDomains) Reconnects() uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.reconnect
+}
+
+// reconnected counts one more time libvirtd was away and back.
+func (f *fakeDomains) reconnected() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reconnect++
+}
+
+// WatchExit reports the exit when the domain stops (stop, Destroy).
+func (f *fakeDomains) WatchExit(name string, pid int) (*vm.ExitWatch, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d, err := f.get(name)
+	if err != nil {
+		return nil, err
+	}
+	if d.exited == nil {
+		gone := make(chan struct{})
+		close(gone)
+		return vm.ExitWhen(gone), nil
+	}
+	return vm.ExitWhen(d.exited), nil
 }
 
 func (f *fakeDomains) VirtiofsdPIDs(name string) (daemons, all []int, err error) {

@@ -6,7 +6,7 @@ package shim
 // test: never in the shim that ships (see faultpoint_inject.go).
 const faultInjection = false
 
-// faultPoint marks a point of Create, Start or Delete where the
+// faultPoint marks a point of Create, Start, Kill or Delete where the
 // fault-injection build can hold the shim; here it does nothing.
 func faultPoint(string) {}
 

@@ -63,6 +63,8 @@ type domains interface {
 	Stats(name string) (vm.Stats, error)
 	Metadata(name string) (vm.Metadata, error)
 	PID(name string) (int, error)
+	WatchExit(name string, pid int) (*vm.ExitWatch, error)
+	Reconnects() uint64
 	VirtiofsdPIDs(name string) (daemons, all []int, err error)
 	vm.AgentCommander
 	SetVCPUs(name string, n int) error

@@ -472,7 +472,7 @@ func (s *service) config(options *anypb.Any) (*Config, error) {
 }
 
 // vmHost connects to libvirt at the first VM Create (or returns the
-// connection prepareHost made) and starts following its lifecycle events.
+// connection prepareHost made) and starts following its reconnects.
 // Other calls go on meanwhile: only hostMu is held while it connects.
 func (s *service) vmHost(ctx context.Context, cfg *Config) (*host, error) {
 	arrived := time.Now()
@@ -521,14 +521,11 @@ func (s *service) prepareHost(ctx context.Context, cfg *Config) {
 	}
 }
 
-// followEvents routes libvirt lifecycle events to the VM tasks.
+// followEvents re-reads the VMs' state after a libvirt reconnect. A VM's
+// stop reaches its task from its QEMU's exit (vmTask.followExit).
 func (s *service) followEvents(ctx context.Context, h *host) {
 	for ev := range h.events {
 		switch ev.Kind {
-		case vm.EventStopped:
-			for _, t := range s.vmTasks(ev.Domain) {
-				goSafe(ctx, "handle a VM's stop", func() { t.onStopped(ctx, ev.Reason) })
-			}
 		case vm.EventReconnected:
 			for _, t := range s.vmTasks("") {
 				goSafe(ctx, "re-read a VM's state after a libvirt reconnect", func() { t.resync(ctx) })

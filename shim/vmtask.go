@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/containerd/api/types/task"
@@ -41,8 +42,13 @@ type vmTask struct {
 	// powerPressed: the ACPI power button was pressed (a shutdown was
 	// asked). Guarded by mu.
 	powerPressed bool
+	// launched: the Start finished, the VM ran (set with RUNNING, never
+	// cleared). Read without mu by resync, which must not wait for a
+	// Start in flight before it asks libvirt.
+	launched atomic.Bool
 
 	agent         *vm.Agent               // guarded by mu; the guest agent client, from Start
+	exit          *vm.ExitWatch           // guarded by mu; QEMU's exit, from Start
 	execs         map[string]*execProcess // guarded by mu; by exec id
 	vcpus, memMiB int                     // guarded by mu: the VM's size now (vCPUs online in the guest)
 	plugged       int                     // guarded by mu: QEMU's vCPUs, the online ones and those the guest took offline
@@ -502,7 +508,11 @@ func (t *vmTask) start(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	ph.mark("console")
+	var exit *vm.ExitWatch
 	pid, err := t.h.conn.PID(name)
+	if err == nil {
+		exit, err = t.h.conn.WatchExit(name, pid)
+	}
 	if err == nil {
 		// Already done in the descriptor handoff for a VM with a network.
 		err = joinVMCgroup(t.cgroup, pid)
@@ -516,12 +526,18 @@ func (t *vmTask) start(ctx context.Context) (int, error) {
 	ph.mark("resume")
 	if err != nil {
 		_ = t.h.conn.Destroy(name)
+		if exit != nil {
+			exit.Close()
+		}
 		c.close()
 		return 0, err
 	}
 	t.console = c
 	t.agent = vm.NewAgent(t.h.conn, name)
+	t.exit = exit
 	t.setRunningLocked(pid) // onStopped checks the status under mu: an exit seen from here on follows the TaskStart
+	t.launched.Store(true)
+	goSafe(ctx, "follow the VM's QEMU", func() { t.followExit(context.WithoutCancel(ctx), exit) })
 	t.rec.Pid = pid
 	if err := writeRecord(t.bundle, &t.rec); err != nil {
 		log.G(ctx).WithError(err).WithField("vm", name).Warn("update task record")
@@ -539,9 +555,22 @@ func closeAll(cs ...interface{ Close() error }) {
 }
 
 // resync reads the domain's state from libvirt and records an exit that
-// an event did not deliver (libvirtd was away, or the guest stopped while
-// Start was still running).
+// the QEMU watch did not (the VM stopped while Start was still running),
+// or that libvirtd reported while it was away.
+//
+// Only a state read after the Start finished tells of the VM's exit. A
+// read while Start is in flight (the resync of a libvirt reconnect that
+// lands as the shim starts the domain on the new connection) finds the
+// domain not yet running, "shut off, reason unknown", and onStopped,
+// waiting for mu until the Start is done, would record that as the exit
+// of the VM that had just started: it reported 255 and was deleted. A
+// task not yet started has no exit to miss; Service.Start re-reads the
+// state once its Start is done.
 func (t *vmTask) resync(ctx context.Context) {
+	if !t.launched.Load() {
+		log.G(ctx).WithField("vm", t.rec.Domain).Debug("VM state not re-read: the task has not started (a Start in flight re-reads it when done)")
+		return
+	}
 	st, err := t.h.conn.State(t.rec.Domain)
 	switch {
 	case errdefs.IsNotFound(err):
@@ -550,6 +579,59 @@ func (t *vmTask) resync(ctx context.Context) {
 		log.G(ctx).WithError(err).WithField("vm", t.rec.Domain).Warn("re-read VM state")
 	case !st.Running:
 		t.onStopped(ctx, st.Reason)
+	}
+}
+
+// exitSettle is how long after its QEMU ended a VM may still be running
+// to libvirt: libvirtd reaps QEMU and records why it stopped within
+// milliseconds, or, when it was away, once it is back and reconnects to
+// its domains.
+var exitSettle = 30 * time.Second
+
+// followExit records the VM's exit once its QEMU has ended, with the
+// reason libvirt gives. Until libvirt has the domain shut off (libvirtd
+// may be away, or not yet have reaped QEMU) it asks again; after
+// exitSettle the exit is recorded as what a returning libvirtd would
+// report, "crashed": QEMU's death, 255.
+func (t *vmTask) followExit(ctx context.Context, w *vm.ExitWatch) {
+	select {
+	case <-w.Exited():
+	case <-w.Closed():
+		return
+	}
+	w.Close()
+	gone, reconnects := time.Now(), t.h.conn.Reconnects()
+	wait := 10 * time.Millisecond
+	for {
+		if status, _, _, _ := t.snapshot(); status != task.Status_RUNNING && status != task.Status_PAUSED {
+			return // recorded already, or the task is gone
+		}
+		st, err := t.h.conn.State(t.rec.Domain)
+		switch {
+		case errdefs.IsNotFound(err):
+			t.onStopped(ctx, vm.StopFailed)
+			return
+		case err == nil && !st.Running:
+			reason := st.Reason
+			if reason == vm.StopCrashed && t.h.conn.Reconnects() == reconnects {
+				// libvirtd was there when QEMU ended and saw no
+				// power-off: QEMU died. Only a libvirtd that was
+				// away calls a guest's power-off "crashed", which
+				// onStopped then counts as the power-off if the
+				// button was pressed.
+				reason = vm.StopFailed
+			}
+			t.onStopped(ctx, reason)
+			return
+		case time.Since(gone) > exitSettle:
+			log.G(ctx).WithError(err).WithField("vm", t.rec.Domain).Warnf("QEMU ended %v ago and libvirt does not have the domain shut off: recording the exit as QEMU's death", exitSettle)
+			t.onStopped(ctx, vm.StopCrashed)
+			return
+		}
+		time.Sleep(wait)
+		if wait < time.Second {
+			wait *= 2
+		}
 	}
 }
 
@@ -604,6 +686,9 @@ func (t *vmTask) kill(ctx context.Context, sig uint32) error {
 		if paused && t.holdPowerButton(ctx) {
 			return nil
 		}
+		// The fault tests kill QEMU or this shim here: a stop in flight,
+		// before the guest has begun to power off.
+		faultPoint("stopping")
 		err = t.h.conn.Shutdown(t.rec.Domain)
 		if err == nil {
 			t.mu.Lock()
@@ -623,7 +708,36 @@ func (t *vmTask) kill(ctx context.Context, sig uint32) error {
 			return nil
 		}
 	}
+	if err != nil && t.qemuEnded(qemuEndWait) {
+		// QEMU died as the call reached its monitor, before libvirt had
+		// the domain shut off ("Unable to read from monitor: Connection
+		// reset by peer", the fault cell stopping/qemu): the process has
+		// finished, and followExit records its exit once libvirt has.
+		return fmt.Errorf("kill %s: process already finished (%v): %w", t.id, err, errdefs.ErrNotFound)
+	}
 	return err
+}
+
+// qemuEndWait is how long a failed call waits for the pidfd of a QEMU that
+// may be dying: libvirtd can see its monitor close a moment before the
+// exit is reported.
+var qemuEndWait = time.Second
+
+// qemuEnded tells whether the VM's QEMU has exited, waiting up to wait for
+// its pidfd to say so.
+func (t *vmTask) qemuEnded(wait time.Duration) bool {
+	t.mu.Lock()
+	w := t.exit
+	t.mu.Unlock()
+	if w == nil {
+		return false
+	}
+	select {
+	case <-w.Exited():
+		return true
+	case <-time.After(wait):
+		return false
+	}
 }
 
 // isPowerButton tells the signals that press the VM's ACPI power button.
@@ -696,8 +810,8 @@ func (t *vmTask) stats(ctx context.Context) (vm.Stats, error) {
 	}
 	st, err := t.h.conn.Stats(t.rec.Domain)
 	if errdefs.IsFailedPrecondition(err) || errdefs.IsNotFound(err) {
-		// The VM stopped (or is stopping) and its exit event has not
-		// reached the task yet: to containerd a task whose process is gone
+		// The VM stopped (or is stopping) and its exit has not been
+		// recorded yet: to containerd a task whose process is gone
 		// has no stats (NotFound, which its metrics collection skips
 		// quietly; FailedPrecondition it logs as an error on every exit).
 		return vm.Stats{}, fmt.Errorf("stats %s: the VM is not running (%v): %w", t.id, err, errdefs.ErrNotFound)
@@ -721,9 +835,12 @@ func (t *vmTask) delete(ctx context.Context) error {
 		return fmt.Errorf("delete %s: task is %s; kill it first: %w", t.id, t.status, errdefs.ErrFailedPrecondition)
 	}
 	t.setDeletedLocked()
-	c, srv := t.console, t.fdServer
-	t.console, t.fdServer = nil, nil
+	c, srv, exit := t.console, t.fdServer, t.exit
+	t.console, t.fdServer, t.exit = nil, nil, nil
 	t.mu.Unlock()
+	if exit != nil {
+		exit.Close()
+	}
 	if c != nil {
 		c.close()
 	}

@@ -151,7 +151,7 @@ func TestVMTaskExitStatus(t *testing.T) {
 		{"SIGINT powers off", unix.SIGINT, "shutdown", vm.StopShutdown, 0},
 		{"SIGKILL destroys", unix.SIGKILL, "destroy", vm.StopDestroyed, 137},
 		{"QEMU dies", 0, "", vm.StopFailed, 255},
-		{"guest crash", 0, "", vm.StopCrashed, 134},
+		{"libvirt says crashed (QEMU gone)", 0, "", vm.StopCrashed, 255},
 		// libvirtd restarted while the guest powered off: libvirt finds
 		// QEMU gone and calls it crashed.
 		{"SIGTERM, then crashed", unix.SIGTERM, "shutdown", vm.StopCrashed, 0},
@@ -171,7 +171,10 @@ func TestVMTaskExitStatus(t *testing.T) {
 					t.Fatalf("kill made calls %v, want %s last", calls, tc.call)
 				}
 			}
-			f.fake.stop(vt.rec.Domain, tc.reason)
+			// The stop as libvirt reports it, here through onStopped
+			// (a resync's path); QEMU's watch stays silent: the
+			// mapping of the watch's own reads is tested below.
+			f.fake.stopUnwatched(vt.rec.Domain, tc.reason)
 			vt.onStopped(context.Background(), tc.reason)
 			if got := waitExit(t, vt); got != tc.want {
 				t.Errorf("exit status %d, want %d", got, tc.want)
@@ -335,13 +338,177 @@ func TestVMTaskKillBeforeStart(t *testing.T) {
 	}
 }
 
+// QEMU killed as a stop begins, before the power button is pressed (the
+// fault cell stopping/qemu): the press finds the domain shut off, the
+// kill says the process finished (containerd's stop then waits for the
+// exit), and the exit is QEMU's death, 255, never the guest's power-off.
+func TestVMTaskQEMUKilledAsTheStopBegins(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.started()
+	f.fake.shutdown = func(name string) {
+		f.fake.shutdown = nil
+		f.fake.stop(name, vm.StopCrashed)
+	}
+	err := vt.kill(context.Background(), uint32(unix.SIGTERM))
+	if !errdefs.IsNotFound(err) {
+		t.Errorf("SIGTERM to a VM whose QEMU was just killed: %v, want NotFound (process already finished)", err)
+	}
+	if got := waitExit(t, vt); got != vm.ExitFailed {
+		t.Errorf("exit %d, want %d", got, vm.ExitFailed)
+	}
+}
+
+// QEMU killed just as the power button is pressed (the fault cell
+// stopping/qemu, seen on 2.x): libvirtd reaches the monitor of a QEMU
+// that is gone before it has the domain shut off, and the press fails
+// with "Connection reset by peer". The process has finished: the kill
+// says so (NotFound, which containerd's stop takes as done, where an
+// Unknown error failed StopContainer), and the exit is 255 once libvirt
+// has the domain shut off.
+func TestVMTaskQEMUDiesAsThePowerButtonIsPressed(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.started()
+	f.fake.shutdown = func(name string) {
+		f.fake.shutdown = nil
+		f.fake.qemuGone(name)
+	}
+	err := vt.kill(context.Background(), uint32(unix.SIGTERM))
+	if !errdefs.IsNotFound(err) {
+		t.Errorf("SIGTERM to a VM whose QEMU dies as it is pressed: %v, want NotFound (process already finished)", err)
+	}
+	f.fake.stopUnwatched(vt.rec.Domain, vm.StopCrashed)
+	if got := waitExit(t, vt); got != vm.ExitFailed {
+		t.Errorf("exit %d, want %d", got, vm.ExitFailed)
+	}
+}
+
+// The VM's exit reaches its task from its QEMU's exit, with the reason
+// libvirt gives, also when libvirt records the stop after QEMU is gone.
+func TestVMTaskExitFromQEMU(t *testing.T) {
+	for _, tc := range []struct {
+		reason vm.StopReason
+		want   uint32
+		late   bool // libvirt has the domain shut off only later
+	}{
+		{vm.StopShutdown, 0, false},
+		{vm.StopDestroyed, 137, false},
+		{vm.StopFailed, 255, true},
+	} {
+		f := newVMFixture(t)
+		vt := f.started()
+		if tc.late {
+			f.fake.qemuGone(vt.rec.Domain)
+			time.Sleep(100 * time.Millisecond)
+			if status, _, _, _ := vt.snapshot(); status != task.Status_RUNNING {
+				t.Fatalf("%v: task %s while libvirt still has the domain running", tc.reason, status)
+			}
+			f.fake.stopUnwatched(vt.rec.Domain, tc.reason)
+		} else {
+			f.fake.stop(vt.rec.Domain, tc.reason)
+		}
+		if got := waitExit(t, vt); got != tc.want {
+			t.Errorf("%v: exit %d, want %d", tc.reason, got, tc.want)
+		}
+	}
+}
+
+// QEMU dying after the power button was pressed is QEMU's death (255)
+// while libvirtd was there to see it: libvirt's "crashed" counts as the
+// power-off only when libvirtd was away while the VM stopped.
+func TestVMTaskQEMUDiesAfterThePress(t *testing.T) {
+	for _, away := range []bool{false, true} {
+		f := newVMFixture(t)
+		vt := f.started()
+		if err := vt.kill(context.Background(), uint32(unix.SIGTERM)); err != nil {
+			t.Fatal(err)
+		}
+		f.fake.qemuGone(vt.rec.Domain) // libvirt still has it running
+		time.Sleep(50 * time.Millisecond)
+		if away {
+			f.fake.reconnected()
+		}
+		f.fake.stopUnwatched(vt.rec.Domain, vm.StopCrashed)
+		want := uint32(vm.ExitFailed)
+		if away {
+			want = vm.ExitPoweroff
+		}
+		if got := waitExit(t, vt); got != want {
+			t.Errorf("libvirtd away %v: exit %d, want %d", away, got, want)
+		}
+	}
+}
+
+// QEMU gone and libvirt never saying so (it stays away past exitSettle)
+// is recorded as the crash libvirtd reports when it finds QEMU gone.
+func TestVMTaskExitWhenLibvirtNeverSettles(t *testing.T) {
+	defer func(d time.Duration) { exitSettle = d }(exitSettle)
+	exitSettle = 300 * time.Millisecond
+	f := newVMFixture(t)
+	vt := f.started()
+	f.fake.qemuGone(vt.rec.Domain)
+	if got := waitExit(t, vt); got != vm.ExitFailed {
+		t.Errorf("exit %d, want %d", got, vm.ExitFailed)
+	}
+}
+
 func TestVMTaskResyncFindsMissedExit(t *testing.T) {
 	f := newVMFixture(t)
 	vt := f.started()
-	f.fake.stop(vt.rec.Domain, vm.StopShutdown) // no event delivered
+	f.fake.stopUnwatched(vt.rec.Domain, vm.StopShutdown) // QEMU's watch saw nothing
 	vt.resync(context.Background())
 	if got := waitExit(t, vt); got != 0 {
 		t.Errorf("exit %d", got)
+	}
+}
+
+// libvirtd restarted while the shim was held in a Create (the fault cell
+// creating/libvirtd): the resync of the reconnect asked for the domain's
+// state just as the Start created it, got "shut off" and, once the Start
+// let go of the task, recorded that as the exit of the VM that had just
+// started (exit 255; CRI then deleted the running VM). A read during the
+// Start says nothing of the VM; a stop after it is still found.
+func TestVMTaskResyncDuringStartKeepsTheVM(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.created()
+	ctx := context.Background()
+	read := make(chan struct{}, 1)
+	f.fake.stateRead = func(string) {
+		select {
+		case read <- struct{}{}:
+		default:
+		}
+	}
+	resynced := make(chan struct{})
+	f.fake.starting = func(string) {
+		go func() {
+			defer close(resynced)
+			vt.resync(ctx)
+		}()
+		select {
+		case <-read: // read before the domain runs; the resync goes on after the Start
+		case <-resynced:
+		case <-time.After(5 * time.Second):
+			t.Error("the resync neither read the state nor returned")
+		}
+	}
+	if _, err := vt.start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-resynced:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the resync did not return")
+	}
+	if st, _, _, _ := vt.snapshot(); st != task.Status_RUNNING {
+		t.Errorf("after a resync that raced the Start the task is %s, want RUNNING", st)
+	}
+	if x := f.events.exits(); len(x) != 0 {
+		t.Errorf("TaskExit published for a running VM: %+v", x[0])
+	}
+	f.fake.stop(vt.rec.Domain, vm.StopShutdown) // no event delivered
+	vt.resync(ctx)
+	if got := waitExit(t, vt); got != 0 {
+		t.Errorf("exit %d after the guest powered off", got)
 	}
 }
 
@@ -356,7 +523,7 @@ func TestVMTaskStatsOfStoppedVM(t *testing.T) {
 	if err != nil || st.CPUTimeNs == 0 {
 		t.Fatalf("stats of a running VM: %+v, %v", st, err)
 	}
-	f.fake.stop(vt.rec.Domain, vm.StopShutdown) // no event delivered yet
+	f.fake.stopUnwatched(vt.rec.Domain, vm.StopShutdown) // the exit not seen yet
 	if _, err := vt.stats(context.Background()); !errdefs.IsNotFound(err) {
 		t.Errorf("stats of a VM that stopped behind the task: %v, want NotFound", err)
 	}

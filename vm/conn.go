@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -18,10 +19,14 @@ import (
 // DefaultSocket is libvirtd's read-write socket for qemu:///system.
 const DefaultSocket = "/var/run/libvirt/libvirt-sock"
 
-// Conn is a connection to libvirtd that reconnects by itself with backoff
-// and re-subscribes to lifecycle events. After each reconnect it sends an
-// EventReconnected so that the owner re-reads the state of its domains: no
-// exit is missed while libvirtd was away.
+// Conn is a connection to libvirtd that reconnects by itself with backoff.
+// After each reconnect it sends an EventReconnected so that the owner
+// re-reads the state of its domains: nothing is missed while libvirtd was
+// away.
+//
+// It subscribes to no libvirt events: the shim watches its own QEMU
+// processes (WatchExit) instead of receiving every domain's lifecycle
+// events on the host.
 type Conn struct {
 	socket string
 	events chan Event
@@ -36,48 +41,30 @@ type Conn struct {
 	// caller waits for libvirtd (see client).
 	wake chan struct{}
 
-	cancel context.CancelFunc // ends the forwarding and reconnect loop
-	// subCtx carries the event subscriptions. It is canceled only after
-	// the disconnect, so that go-libvirt never deregisters a subscription
-	// while the connection closes: libvirt 9.0.0 crashes when it handles
-	// a client's deregistration and its close at the same time. A
-	// subscription ends when its connection does, and libvirtd drops
-	// the callbacks of a closed client itself.
-	subCtx    context.Context
-	subCancel context.CancelFunc
-	done      chan struct{}
+	cancel context.CancelFunc // ends the reconnect loop
+	done   chan struct{}
+	// reconnects counts the connections made again after a loss.
+	reconnects atomic.Uint64
 }
 
-// Connect dials libvirtd at socket and subscribes to lifecycle events. The
-// first connection must succeed; later losses are repaired in the
-// background until Close.
+// Connect dials libvirtd at socket. The first connection must succeed;
+// later losses are repaired in the background until Close.
 func Connect(ctx context.Context, socket string) (*Conn, error) {
 	l, sock, err := dial(socket)
 	if err != nil {
 		return nil, err
 	}
 	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	subCtx, subCancel := context.WithCancel(context.WithoutCancel(ctx))
 	c := &Conn{
-		socket:    socket,
-		events:    make(chan Event, 64),
-		l:         l,
-		sock:      sock,
-		cancel:    cancel,
-		subCtx:    subCtx,
-		subCancel: subCancel,
-		done:      make(chan struct{}),
-		wake:      make(chan struct{}, 1),
+		socket: socket,
+		events: make(chan Event, 64),
+		l:      l,
+		sock:   sock,
+		cancel: cancel,
+		done:   make(chan struct{}),
+		wake:   make(chan struct{}, 1),
 	}
-	lifecycle, err := l.LifecycleEvents(subCtx)
-	if err != nil {
-		cancel()
-		subCancel()
-		_ = l.Disconnect()
-		_ = sock.Close()
-		return nil, fmt.Errorf("subscribe to libvirt lifecycle events: %w", err)
-	}
-	go c.run(loopCtx, l, lifecycle)
+	go c.run(loopCtx, l)
 	return c, nil
 }
 
@@ -88,7 +75,16 @@ func Connect(ctx context.Context, socket string) (*Conn, error) {
 func dial(path string) (*libvirt.Libvirt, net.Conn, error) {
 	d := &keptDialer{Dialer: dialers.NewLocal(dialers.WithSocket(path), dialers.WithLocalTimeout(5*time.Second))}
 	l := libvirt.NewWithDialer(d)
-	if err := l.ConnectToURI(libvirt.QEMUSystem); err != nil {
+	err := l.ConnectToURI(libvirt.QEMUSystem)
+	if err == nil {
+		// A connection that libvirtd closed while go-libvirt set it up
+		// can leave Disconnected() open for good (its watcher ran
+		// before the channel was made): one call proves it alive
+		// after the channel exists, and a failed one makes the dial
+		// fail and be tried again.
+		_, err = l.ConnectGetLibVersion()
+	}
+	if err != nil {
 		if d.conn != nil {
 			_ = d.conn.Close()
 		}
@@ -111,16 +107,20 @@ func (d *keptDialer) Dial() (net.Conn, error) {
 	return conn, err
 }
 
-// Events delivers lifecycle events in the order libvirt sent them. The
-// owner must keep reading.
+// Reconnects is how many times the connection was lost and made again.
+// A caller that reads it before and after a step knows whether libvirtd
+// was away meanwhile.
+func (c *Conn) Reconnects() uint64 { return c.reconnects.Load() }
+
+// Events delivers EventReconnected after each reconnect. The owner must
+// keep reading.
 func (c *Conn) Events() <-chan Event { return c.events }
 
 // Close ends the connection and the reconnect loop.
 //
-// It never blocks for long: go-libvirt delivers events to a subscriber
-// without a timeout, so the subscription is drained until it ends, and the
-// polite disconnect gets two seconds (a shim that waits longer is killed
-// by containerd as leaked; closing the socket does the rest).
+// It never blocks for long: the polite disconnect gets two seconds (a
+// shim that waits longer is killed by containerd as leaked; closing the
+// socket does the rest).
 func (c *Conn) Close() error {
 	c.cancel()
 	<-c.done
@@ -129,7 +129,6 @@ func (c *Conn) Close() error {
 	c.l, c.sock = nil, nil
 	c.mu.Unlock()
 	if l == nil {
-		c.subCancel()
 		return nil
 	}
 	errc := make(chan error, 1)
@@ -146,30 +145,18 @@ func (c *Conn) Close() error {
 		err = fmt.Errorf("disconnect from libvirtd at %s: timed out", c.socket)
 	}
 	// Closing the socket ends a close still in flight and go-libvirt's
-	// reader. Only then does the subscription end: its deregistration
-	// can no longer reach libvirtd while the connection closes.
+	// reader.
 	_ = sock.Close()
-	c.subCancel()
 	return err
 }
 
-func (c *Conn) run(ctx context.Context, l *libvirt.Libvirt, lifecycle <-chan libvirt.DomainEventLifecycleMsg) {
+func (c *Conn) run(ctx context.Context, l *libvirt.Libvirt) {
 	defer close(c.done)
 	defer close(c.events)
-	// go-libvirt's delivery goroutine blocks on its send until someone
-	// reads: on every way out, drain the current subscription until
-	// Close's disconnect ends it and the channel closes.
-	defer func() {
-		if lifecycle != nil {
-			go func(ch <-chan libvirt.DomainEventLifecycleMsg) {
-				for range ch {
-				}
-			}(lifecycle)
-		}
-	}()
 	for {
-		c.pump(ctx, lifecycle)
-		if ctx.Err() != nil {
+		select {
+		case <-l.Disconnected():
+		case <-ctx.Done():
 			return
 		}
 		c.mu.Lock()
@@ -178,13 +165,15 @@ func (c *Conn) run(ctx context.Context, l *libvirt.Libvirt, lifecycle <-chan lib
 		c.mu.Unlock()
 		log.G(ctx).WithField("socket", c.socket).Warn("lost connection to libvirtd, reconnecting")
 
-		l, sock, ll, err := c.reconnect(ctx)
+		var sock net.Conn
+		var err error
+		l, sock, err = c.reconnect(ctx)
 		if err != nil {
 			return // canceled
 		}
-		lifecycle = ll
 		c.mu.Lock()
 		c.l, c.sock = l, sock
+		c.reconnects.Add(1)
 		close(c.back)
 		c.back = nil
 		c.mu.Unlock()
@@ -197,32 +186,12 @@ func (c *Conn) run(ctx context.Context, l *libvirt.Libvirt, lifecycle <-chan lib
 	}
 }
 
-// pump forwards lifecycle events until the subscription ends (the
-// connection dropped) or ctx is canceled.
-func (c *Conn) pump(ctx context.Context, lifecycle <-chan libvirt.DomainEventLifecycleMsg) {
-	for {
-		select {
-		case m, ok := <-lifecycle:
-			if !ok {
-				return
-			}
-			select {
-			case c.events <- eventFromLibvirt(m):
-			case <-ctx.Done():
-				return
-			}
-		case <-ctx.Done():
-			return
-		}
-	}
-}
-
-func (c *Conn) reconnect(ctx context.Context) (*libvirt.Libvirt, net.Conn, <-chan libvirt.DomainEventLifecycleMsg, error) {
+func (c *Conn) reconnect(ctx context.Context) (*libvirt.Libvirt, net.Conn, error) {
 	backoff := 100 * time.Millisecond
 	for {
 		select {
 		case <-ctx.Done():
-			return nil, nil, nil, ctx.Err()
+			return nil, nil, ctx.Err()
 		case <-time.After(backoff):
 		case <-c.wake:
 		}
@@ -234,14 +203,7 @@ func (c *Conn) reconnect(ctx context.Context) (*libvirt.Libvirt, net.Conn, <-cha
 			log.G(ctx).WithError(err).Debug("libvirtd not back yet")
 			continue
 		}
-		lifecycle, err := l.LifecycleEvents(c.subCtx)
-		if err != nil {
-			log.G(ctx).WithError(err).Warn("subscribe to libvirt lifecycle events")
-			_ = l.Disconnect()
-			_ = sock.Close()
-			continue
-		}
-		return l, sock, lifecycle, nil
+		return l, sock, nil
 	}
 }
 

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 )
 
 // libvirtdPID reads the pid libvirtd wrote at start, "" when it is not
@@ -42,11 +41,11 @@ func openSockets(t *testing.T) int {
 }
 
 // Shims come and go in bursts (a node drains, a density test removes its
-// pods at once), each with an event subscription. Closing must not make
-// libvirtd handle the subscription's deregistration and the connection's
-// close at the same time: libvirt 9.0.0 then crashed
+// pods at once). libvirt 9.0.0 crashed when it handled a client's event
+// deregistration and its close at the same time
 // (remoteClientFreePrivateCallbacks: "unexpected incomplete domain
-// callback", SIGSEGV in an rpc-libvirtd thread).
+// callback", SIGSEGV in an rpc-libvirtd thread); a Conn subscribes to
+// nothing, and bursts of them opening and closing leave libvirtd up.
 func TestConnCloseBurstKeepsLibvirtd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("talks to the host's libvirtd")
@@ -60,9 +59,8 @@ func TestConnCloseBurstKeepsLibvirtd(t *testing.T) {
 	}
 	ctx := context.Background()
 
-	// Lifecycle events flow the whole time, as they do while pods come
-	// and go: a domain that needs no QEMU is defined and undefined in a
-	// loop, and every subscriber gets each event.
+	// Other domains come and go the whole time, as they do while pods
+	// do: a domain that needs no QEMU is defined and undefined in a loop.
 	churn, err := Connect(ctx, DefaultSocket)
 	if err != nil {
 		t.Fatal(err)
@@ -121,10 +119,8 @@ func TestConnCloseBurstKeepsLibvirtd(t *testing.T) {
 					errs <- err
 					return
 				}
-				select { // subscribed, and events are arriving
-				case <-c.Events():
-				case <-time.After(5 * time.Second):
-					errs <- fmt.Errorf("no lifecycle event within 5s")
+				if _, err := c.Version(); err != nil {
+					errs <- err
 				}
 				if err := c.Close(); err != nil {
 					errs <- err

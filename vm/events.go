@@ -2,43 +2,30 @@ package vm
 
 import "github.com/digitalocean/go-libvirt"
 
-// EventKind is the part of a libvirt lifecycle event the shim acts on.
+// EventKind is what an Event reports.
 type EventKind int
 
 const (
-	// EventOther is any lifecycle event the shim does not act on.
-	EventOther EventKind = iota
-	// EventStarted: QEMU is up.
-	EventStarted
-	// EventSuspended: the guest's vCPUs are paused.
-	EventSuspended
-	// EventResumed: the guest's vCPUs run again.
-	EventResumed
-	// EventStopped: QEMU is gone; Reason says why.
-	EventStopped
 	// EventReconnected: the connection to libvirtd was lost and is back.
-	// Events may have been missed: re-read the state of every domain.
-	EventReconnected
+	// A domain may have changed meanwhile: re-read the state of every
+	// domain.
+	EventReconnected EventKind = iota + 1
 )
 
-// Event is a lifecycle event for one domain (or, for EventReconnected, for
-// the connection).
+// Event is news from a Conn.
 type Event struct {
-	Domain string
-	Kind   EventKind
-	Reason StopReason // with EventStopped
+	Kind EventKind
 }
 
-// StopReason says why a domain stopped, merged from libvirt's stopped-event
-// details and shut-off state reasons, which number the same causes
-// differently.
+// StopReason says why a domain stopped, from libvirt's shut-off state
+// reasons.
 type StopReason int
 
 const (
 	StopUnknown   StopReason = iota
 	StopShutdown             // the guest powered off
 	StopDestroyed            // someone destroyed the domain
-	StopCrashed              // the guest crashed (on_crash=destroy)
+	StopCrashed              // libvirt says crashed: QEMU ended without the guest's power-off
 	StopFailed               // QEMU died or failed to start
 	StopOther                // saved, migrated, restored from snapshot
 )
@@ -50,7 +37,7 @@ func (r StopReason) String() string {
 	case StopDestroyed:
 		return "destroyed"
 	case StopCrashed:
-		return "guest crashed"
+		return "QEMU ended without the guest's power-off (libvirt: crashed)"
 	case StopFailed:
 		return "emulator failed"
 	case StopOther:
@@ -63,54 +50,27 @@ func (r StopReason) String() string {
 const (
 	ExitPoweroff  = 0
 	ExitDestroyed = 128 + 9 // like a process killed by SIGKILL
-	ExitCrashed   = 128 + 6 // like SIGABRT: the guest kernel panicked
 	ExitFailed    = 255     // QEMU died or was killed outside the shim
 )
 
 // ExitStatus maps why a VM stopped to a task exit status. It is never 0
 // unless the guest powered itself off (by itself or after an ACPI request).
+//
+// libvirt's "crashed" is QEMU ending without the guest's power-off: a
+// QEMU killed or dead (libvirtd sees its monitor close with no shutdown
+// first), or found gone by a libvirtd that comes back. A guest kernel
+// panic would be "crashed" too only through a panic device, which the
+// shim's domains do not have: without one QEMU is not told, and the
+// guest reboots or halts as its kernel's panic= says while the task runs
+// on. So "crashed" is QEMU's death, 255.
 func (r StopReason) ExitStatus() uint32 {
 	switch r {
 	case StopShutdown:
 		return ExitPoweroff
 	case StopDestroyed:
 		return ExitDestroyed
-	case StopCrashed:
-		return ExitCrashed
 	}
 	return ExitFailed
-}
-
-func eventFromLibvirt(m libvirt.DomainEventLifecycleMsg) Event {
-	ev := Event{Domain: m.Dom.Name}
-	switch libvirt.DomainEventType(m.Event) {
-	case libvirt.DomainEventStarted:
-		ev.Kind = EventStarted
-	case libvirt.DomainEventSuspended:
-		ev.Kind = EventSuspended
-	case libvirt.DomainEventResumed:
-		ev.Kind = EventResumed
-	case libvirt.DomainEventStopped:
-		ev.Kind = EventStopped
-		ev.Reason = stopReasonFromEvent(libvirt.DomainEventStoppedDetailType(m.Detail))
-	}
-	return ev
-}
-
-func stopReasonFromEvent(d libvirt.DomainEventStoppedDetailType) StopReason {
-	switch d {
-	case libvirt.DomainEventStoppedShutdown:
-		return StopShutdown
-	case libvirt.DomainEventStoppedDestroyed:
-		return StopDestroyed
-	case libvirt.DomainEventStoppedCrashed:
-		return StopCrashed
-	case libvirt.DomainEventStoppedFailed:
-		return StopFailed
-	case libvirt.DomainEventStoppedMigrated, libvirt.DomainEventStoppedSaved, libvirt.DomainEventStoppedFromSnapshot:
-		return StopOther
-	}
-	return StopUnknown
 }
 
 func stopReasonFromShutoff(r libvirt.DomainShutoffReason) StopReason {

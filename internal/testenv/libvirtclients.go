@@ -45,10 +45,10 @@ func clientPid(info string) (int, bool) {
 	return 0, false
 }
 
-// ShimsSubscribed tells whether this daemon has exactly n shims and each
-// is a client of libvirtd (a shim's vm.Connect subscribes to events in the
-// same step), for a poll: their pids, and what is missing while not.
-func (c *Containerd) ShimsSubscribed(n int) (pids []int, ok bool, status string) {
+// ShimsConnected tells whether this daemon has exactly n shims and each
+// is a client of libvirtd, for a poll: their pids, and what is missing
+// while not.
+func (c *Containerd) ShimsConnected(n int) (pids []int, ok bool, status string) {
 	for _, p := range c.ShimProcesses() {
 		pids = append(pids, p.Pid)
 	}

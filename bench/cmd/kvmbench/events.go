@@ -14,11 +14,13 @@ import (
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
 
-// Every shim subscribes to the lifecycle events of every domain on the
-// host: go-libvirt registers its callbacks for all domains (it passes no
-// domain to ConnectDomainEventCallbackRegisterAny, and its stream routing
-// is unexported), so N shims on a node with N VMs receive N×N events. The
-// events section measures what that costs.
+// A shim learns of its VMs' exits from their QEMU processes' pidfds and
+// subscribes to no libvirt events (go-libvirt can only register its
+// lifecycle callbacks for every domain: it passes no domain to
+// ConnectDomainEventCallbackRegisterAny, and its stream routing is
+// unexported, so subscribed shims got N×N events for N VM pods). The
+// events section measures what other domains' lifecycle events cost the
+// shims and libvirtd: with no subscriber, nothing per shim.
 
 // eventsPerPodLife is about how many lifecycle events one VM pod's life
 // makes: defined, started, suspended and resumed (the shim starts it
@@ -29,11 +31,11 @@ const eventsPerPodLife = 6
 const eventsConcurrency = 5
 
 // eventsResult is one flavour with a number of idle pod shims, each
-// connected to libvirtd and subscribed to lifecycle events (a CRI pod
-// sandbox's shim connects ahead of its first VM; the pods use the host's
-// network, so no netns or CNI is involved), while a scratch domain
-// that never runs is defined and undefined: every cycle is two lifecycle
-// events (defined, undefined) that libvirtd sends to every subscriber.
+// connected to libvirtd (a CRI pod sandbox's shim connects ahead of its
+// first VM; the pods use the host's network, so no netns or CNI is
+// involved), while a scratch domain that never runs is defined and
+// undefined: every cycle is two lifecycle events (defined, undefined)
+// that libvirtd would send to every subscriber.
 type eventsResult struct {
 	Flavour string  `json:"flavour"`
 	Shims   int     `json:"shims"`
@@ -90,7 +92,7 @@ func measureEvents(ctx context.Context, e *env, d *daemon, n int) (res eventsRes
 	if err := runIdlePods(ctx, cl, n); err != nil {
 		return res, err
 	}
-	shims, err := waitSubscribed(ctx, d, n)
+	shims, err := waitConnected(ctx, d, n)
 	if err != nil {
 		return res, err
 	}
@@ -151,22 +153,19 @@ func runIdlePods(ctx context.Context, cl *testenv.CRI, n int) error {
 	return errors.Join(errs...)
 }
 
-// waitSubscribed waits until each of the daemon's n shims is a client of
+// waitConnected waits until each of the daemon's n shims is a client of
 // libvirtd (virt-admin lists the peer pid of every client): a pod
-// sandbox's shim connects, and subscribes in the same step, in the
-// background. It returns the shims' pids.
-func waitSubscribed(ctx context.Context, d *daemon, n int) ([]int, error) {
+// sandbox's shim connects in the background. It returns the shims' pids.
+func waitConnected(ctx context.Context, d *daemon, n int) ([]int, error) {
 	var pids []int
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	err := testenv.Poll(wctx, time.Second, func() (bool, string) {
 		var ok bool
 		var status string
-		pids, ok, status = d.ShimsSubscribed(n)
+		pids, ok, status = d.ShimsConnected(n)
 		return ok, status
 	})
-	// Connect subscribes right after the connection is made.
-	time.Sleep(time.Second)
 	return pids, err
 }
 
@@ -179,8 +178,7 @@ func shimsCPU(pids []int) time.Duration {
 }
 
 // eventSource makes lifecycle events: it defines and undefines a domain
-// that is never started, on a connection of its own (which, being a
-// vm.Conn, is one more subscriber in every run).
+// that is never started, on a connection of its own.
 type eventSource struct {
 	conn *vm.Conn
 	name string
@@ -236,7 +234,7 @@ func (s *eventSource) close() {
 }
 
 // buildEvents adds the events rows and, from the smallest and largest shim
-// counts of a flavour, what one more subscribed shim costs libvirtd.
+// counts of a flavour, what one more shim costs libvirtd per event.
 func (r *results) buildEvents() {
 	byFlavour := map[string][]eventsResult{}
 	var order []string
@@ -246,7 +244,7 @@ func (r *results) buildEvents() {
 		}
 		byFlavour[x.Flavour] = append(byFlavour[x.Flavour], x)
 		sec := "events " + x.Flavour
-		r.add(sec, fmt.Sprintf("%d idle pod shims subscribed, %d lifecycle events", x.Shims, x.Events),
+		r.add(sec, fmt.Sprintf("%d idle pod shims connected, %d lifecycle events", x.Shims, x.Events),
 			fmt.Sprintf("shim CPU %.1f µs per event per shim (all shims %s ms, idle %s ms); libvirtd %.1f µs per event (%s ms, idle %s ms); %s ms wall",
 				x.ShimUsPerEvent, fmtMs(x.ShimsCPUMs), fmtMs(x.IdleShimsCPUMs), x.LibvirtdUsPerEvent, fmtMs(x.LibvirtdCPUMs), fmtMs(x.IdleLibvirtdCPUMs), fmtMs(x.WallMs)),
 			"", "info")
@@ -267,7 +265,7 @@ func (r *results) buildEvents() {
 		// stopped, undefined).
 		rate := float64(hi.Shims) * eventsPerPodLife / 60
 		node := rate * perEvent / 1000 // ms of CPU per second
-		r.add("events "+f, fmt.Sprintf("every shim sees every domain's events, %d VM pods", hi.Shims),
+		r.add("events "+f, fmt.Sprintf("other domains' events at %d VM pods", hi.Shims),
 			fmt.Sprintf("%.1f µs per event per shim (shim %.1f + libvirtd %.1f), %.2f ms per event on the node; with every pod re-created once a minute (%.1f events/s): %.1f ms CPU per second (%.2f%% of one core)",
 				perShim, hi.ShimUsPerEvent, perShimLv, perEvent/1000, rate, node, node/10),
 			"negligible (< 1% of a core)", met(node < 10))

@@ -7,7 +7,7 @@ import (
 )
 
 // The last row of the events section puts the shims' own cost and
-// libvirtd's per extra subscriber together for a node of the largest
+// libvirtd's per extra shim together for a node of the largest
 // count's pods.
 func TestBuildEvents(t *testing.T) {
 	r := &results{Derived: map[string]any{}, Events: []eventsResult{

@@ -105,7 +105,7 @@ func measurePods(ctx context.Context, d *daemon, runtime string, n int) (_ memor
 		logs = append(logs, p.LogPath("vm"))
 	}
 	// Every guest up: the shim then has its steady state (console copy
-	// running, events subscribed).
+	// running, QEMU watched).
 	bctx, cancel := context.WithTimeout(ctx, time.Duration(n)*bootTimeout)
 	defer cancel()
 	for _, path := range logs {
