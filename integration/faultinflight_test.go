@@ -44,15 +44,6 @@ func TestFaultInFlight(t *testing.T) {
 	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
 		for _, cell := range inFlightCells(c) {
 			t.Run(cell.phase+"/"+cell.component, func(t *testing.T) {
-				if cell.phase == "creating" && cell.component == "libvirtd" {
-					// Open (README, "Faults"): in 2 of 4 runs, on 1.6 and on
-					// 2.x, the VM started after libvirtd's restart was gone
-					// 2 s later (reason destroyed, once crashed); cause not
-					// found. Run it with KVM_IT_FAULT_OPEN=1.
-					if os.Getenv("KVM_IT_FAULT_OPEN") == "" {
-						t.Skip("open: the VM started after libvirtd's restart in a Create dies 2 s later in some runs (see the README's fault table); KVM_IT_FAULT_OPEN=1 runs it")
-					}
-				}
 				c.cleanupAfter(t)
 				start := time.Now()
 				if cell.phase == "deleting" {
@@ -81,19 +72,7 @@ type inFlightCell struct {
 // only (while creating it does not exist yet, while deleting it is gone).
 func inFlightCells(c *containerd) []inFlightCell {
 	killers := []inFlightCell{
-		{component: "shim", kill: func(t *testing.T, h *hold, held int, _ *podContainer) {
-			if err := syscall.Kill(held, syscall.SIGKILL); err != nil {
-				t.Fatalf("kill the held shim %d: %v", held, err)
-			}
-			if err := poll(stopTimeout, func() (bool, string) {
-				return syscall.Kill(held, 0) != nil, fmt.Sprintf("shim %d still alive", held)
-			}); err != nil {
-				t.Fatal(err)
-			}
-			// The cleanup delete containerd runs is the same build.
-			h.release()
-			_ = os.Remove(h.held)
-		}},
+		{component: "shim", kill: killHeldShim},
 		{component: "containerd", kill: func(t *testing.T, h *hold, _ int, _ *podContainer) {
 			if err := c.Crash(); err != nil {
 				t.Fatal(err)
@@ -112,10 +91,7 @@ func inFlightCells(c *containerd) []inFlightCell {
 			h.release()
 		}})
 	}
-	qemu := inFlightCell{component: "qemu", kill: func(t *testing.T, h *hold, _ int, v *podContainer) {
-		killQEMU(t, c, v)
-		h.release()
-	}}
+	qemu := inFlightCell{component: "qemu", kill: killQEMUHeld(c)}
 	steps := []struct{ phase, step string }{
 		{"creating", "define"},
 		{"starting", "libvirt_create"},
@@ -132,6 +108,32 @@ func inFlightCells(c *containerd) []inFlightCell {
 		}
 	}
 	return cells
+}
+
+// killHeldShim is the shim's cell: the held shim itself is killed with
+// SIGKILL, and the hold released once it is dead (the cleanup `delete`
+// containerd runs is the same build, and must not wait at the step).
+func killHeldShim(t *testing.T, h *hold, held int, _ *podContainer) {
+	t.Helper()
+	if err := syscall.Kill(held, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill the held shim %d: %v", held, err)
+	}
+	if err := poll(stopTimeout, func() (bool, string) {
+		return syscall.Kill(held, 0) != nil, fmt.Sprintf("shim %d still alive", held)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	h.release()
+	_ = os.Remove(h.held)
+}
+
+// killQEMUHeld is QEMU's cell: the VM's QEMU killed while the shim is
+// held, then the shim let go.
+func killQEMUHeld(c *containerd) func(t *testing.T, h *hold, held int, v *podContainer) {
+	return func(t *testing.T, h *hold, _ int, v *podContainer) {
+		killQEMU(t, c, v)
+		h.release()
+	}
 }
 
 // killQEMU kills the QEMU of the pod's VM with SIGKILL.
