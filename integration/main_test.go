@@ -60,6 +60,12 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	defer unlock()
+	// Holding the lock, no live run owns a kvm-it-* directory: what one holds
+	// is a dead run's (killed with its session) and would load the host
+	// and read as this run's leftovers.
+	for _, x := range testenv.SweepDeadRuns(filepath.Join(os.TempDir(), "kvm-it-")) {
+		fmt.Fprintf(os.Stderr, "integration: removed what a dead run left: %s\n", x)
+	}
 	s, err := newSuite()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "integration: setup failed: %v\n", err)

@@ -72,6 +72,12 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	defer unlock()
+	// Holding the lock, no live run owns a kvm-e2e-* directory: what one holds
+	// is a dead run's (killed with its session) and would load the host
+	// and read as this run's leftovers.
+	for _, x := range testenv.SweepDeadRuns(filepath.Join(os.TempDir(), "kvm-e2e-")) {
+		fmt.Fprintf(os.Stderr, "e2e: removed what a dead run left: %s\n", x)
+	}
 	s, err := newSuite()
 	if err == nil {
 		suite = s
