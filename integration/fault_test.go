@@ -290,13 +290,7 @@ func stopInFlightCell(t *testing.T, c *containerd, image string, cell inFlightCe
 	if cell.step != "" {
 		h = holdShim(t, c, cell.step)
 	}
-	done := make(chan error, 1)
-	go func() {
-		ctx, cancel := criCtx()
-		defer cancel()
-		_, err := cl.Runtime.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: v.cid, Timeout: criStopGrace})
-		done <- err
-	}()
+	done := stopInBackground(cl, v.cid)
 	held := 0
 	if h != nil {
 		held = h.waitHeld(t, done)
@@ -326,6 +320,19 @@ func stopInFlightCell(t *testing.T, c *containerd, image string, cell inFlightCe
 		ids = append(ids, shimID{nsCRI, resandboxAndRemove(t, cl, v.pod).id})
 	}
 	assertNothingLeft(t, c, ids...)
+}
+
+// stopInBackground starts StopContainer (kubelet's grace) and delivers
+// its result: a fault cell kills a component while it is in flight.
+func stopInBackground(cl *criClient, cid string) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := criCtx()
+		defer cancel()
+		_, err := cl.Runtime.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: cid, Timeout: criStopGrace})
+		done <- err
+	}()
+	return done
 }
 
 // retryStop is kubelet retrying a StopContainer that failed: again each

@@ -275,13 +275,7 @@ func deletingCell(t *testing.T, c *containerd, image string, cell inFlightCell) 
 	cl := c.cri(t)
 	v := c.startPodVM(t, cl, "vm-"+cell.phase+"-"+cell.component, image)
 	h := holdShim(t, c, cell.step)
-	done := make(chan error, 1)
-	go func() {
-		ctx, cancel := criCtx()
-		defer cancel()
-		_, err := cl.Runtime.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: v.cid, Timeout: criStopGrace})
-		done <- err
-	}()
+	done := stopInBackground(cl, v.cid)
 	held := h.waitHeld(t, done)
 	cell.kill(t, h, held, v)
 	err := <-done
