@@ -310,7 +310,8 @@ func (f *fakeDomains) reconnected() {
 	f.reconnect++
 }
 
-// WatchExit reports the exit when the domain stops (stop, Destroy).
+// WatchExit reports the exit when a test ends the domain's QEMU (stop,
+// qemuGone); Destroy records the call and stops nothing.
 func (f *fakeDomains) WatchExit(name string, pid int) (*vm.ExitWatch, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

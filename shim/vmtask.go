@@ -42,6 +42,10 @@ type vmTask struct {
 	// powerPressed: the ACPI power button was pressed (a shutdown was
 	// asked). Guarded by mu.
 	powerPressed bool
+	// pressReconnects is the libvirt connection's reconnect count read
+	// just before the press: a higher count later means libvirtd was
+	// away since (see onStopped). Guarded by mu.
+	pressReconnects uint64
 	// launched: the Start finished, the VM ran (set with RUNNING, never
 	// cleared). Read without mu by resync, which must not wait for a
 	// Start in flight before it asks libvirt.
@@ -592,7 +596,7 @@ var exitSettle = 30 * time.Second
 // reason libvirt gives. Until libvirt has the domain shut off (libvirtd
 // may be away, or not yet have reaped QEMU) it asks again; after
 // exitSettle the exit is recorded as what a returning libvirtd would
-// report, "crashed": QEMU's death, 255.
+// report, "crashed" (onStopped decides what that counts as).
 func (t *vmTask) followExit(ctx context.Context, w *vm.ExitWatch) {
 	select {
 	case <-w.Exited():
@@ -600,7 +604,7 @@ func (t *vmTask) followExit(ctx context.Context, w *vm.ExitWatch) {
 		return
 	}
 	w.Close()
-	gone, reconnects := time.Now(), t.h.conn.Reconnects()
+	gone := time.Now()
 	wait := 10 * time.Millisecond
 	for {
 		if status, _, _, _ := t.snapshot(); status != task.Status_RUNNING && status != task.Status_PAUSED {
@@ -612,16 +616,7 @@ func (t *vmTask) followExit(ctx context.Context, w *vm.ExitWatch) {
 			t.onStopped(ctx, vm.StopFailed)
 			return
 		case err == nil && !st.Running:
-			reason := st.Reason
-			if reason == vm.StopCrashed && t.h.conn.Reconnects() == reconnects {
-				// libvirtd was there when QEMU ended and saw no
-				// power-off: QEMU died. Only a libvirtd that was
-				// away calls a guest's power-off "crashed", which
-				// onStopped then counts as the power-off if the
-				// button was pressed.
-				reason = vm.StopFailed
-			}
-			t.onStopped(ctx, reason)
+			t.onStopped(ctx, st.Reason)
 			return
 		case time.Since(gone) > exitSettle:
 			log.G(ctx).WithError(err).WithField("vm", t.rec.Domain).Warnf("QEMU ended %v ago and libvirt does not have the domain shut off: recording the exit as QEMU's death", exitSettle)
@@ -643,12 +638,17 @@ func (t *vmTask) onStopped(ctx context.Context, reason vm.StopReason) {
 		t.mu.Unlock()
 		return
 	}
-	c, pressed := t.console, t.powerPressed
+	c, pressed, pressReconnects := t.console, t.powerPressed, t.pressReconnects
 	t.mu.Unlock()
-	if reason == vm.StopCrashed && pressed {
-		// libvirtd that comes back and finds QEMU gone calls the domain
-		// crashed, whatever ended it: a guest asked to power off that is
-		// gone when libvirtd returns counts as that power-off.
+	if reason == vm.StopCrashed && pressed && t.h.conn.Reconnects() != pressReconnects {
+		// libvirtd that comes back and finds the guest powered off
+		// (QEMU, run with -no-shutdown, waits for it) or QEMU gone
+		// calls the domain crashed, whatever ended it: a guest asked
+		// to power off, while libvirtd was away at some time since
+		// the press, counts as that power-off. With libvirtd there
+		// all along, "crashed" is QEMU's death (ExitStatus: 255).
+		// Every path (the QEMU watch, a resync, a Kill's) decides
+		// here, so none can publish QEMU's death as 0.
 		log.G(ctx).WithField("vm", t.rec.Domain).Info("libvirt reports the VM crashed after its power button was pressed (libvirtd was away while it stopped): counted as the power-off")
 		reason = vm.StopShutdown
 	}
@@ -689,10 +689,11 @@ func (t *vmTask) kill(ctx context.Context, sig uint32) error {
 		// The fault tests kill QEMU or this shim here: a stop in flight,
 		// before the guest has begun to power off.
 		faultPoint("stopping")
+		reconnects := t.h.conn.Reconnects()
 		err = t.h.conn.Shutdown(t.rec.Domain)
 		if err == nil {
 			t.mu.Lock()
-			t.powerPressed = true
+			t.powerPressed, t.pressReconnects = true, reconnects
 			t.mu.Unlock()
 		}
 	default:
@@ -792,10 +793,11 @@ func (t *vmTask) resume(ctx context.Context) error {
 	t.status = task.Status_RUNNING
 	if t.powerOffOnResume {
 		t.powerOffOnResume = false
+		reconnects := t.h.conn.Reconnects()
 		if err := t.h.conn.Shutdown(t.rec.Domain); err != nil {
 			log.G(ctx).WithError(err).WithField("vm", t.rec.Domain).Warn("press the power button held while paused")
 		} else {
-			t.powerPressed = true
+			t.powerPressed, t.pressReconnects = true, reconnects
 		}
 	}
 	return nil

@@ -146,15 +146,20 @@ func TestVMTaskExitStatus(t *testing.T) {
 		call   string
 		reason vm.StopReason
 		want   uint32
+		away   bool // libvirtd restarted after the kill
 	}{
-		{"SIGTERM powers off", unix.SIGTERM, "shutdown", vm.StopShutdown, 0},
-		{"SIGINT powers off", unix.SIGINT, "shutdown", vm.StopShutdown, 0},
-		{"SIGKILL destroys", unix.SIGKILL, "destroy", vm.StopDestroyed, 137},
-		{"QEMU dies", 0, "", vm.StopFailed, 255},
-		{"libvirt says crashed (QEMU gone)", 0, "", vm.StopCrashed, 255},
+		{"SIGTERM powers off", unix.SIGTERM, "shutdown", vm.StopShutdown, 0, false},
+		{"SIGINT powers off", unix.SIGINT, "shutdown", vm.StopShutdown, 0, false},
+		{"SIGKILL destroys", unix.SIGKILL, "destroy", vm.StopDestroyed, 137, false},
+		{"QEMU dies", 0, "", vm.StopFailed, 255, false},
+		{"libvirt says crashed (QEMU gone)", 0, "", vm.StopCrashed, 255, false},
+		{"crashed after away, no press", 0, "", vm.StopCrashed, 255, true},
 		// libvirtd restarted while the guest powered off: libvirt finds
-		// QEMU gone and calls it crashed.
-		{"SIGTERM, then crashed", unix.SIGTERM, "shutdown", vm.StopCrashed, 0},
+		// it powered off (or QEMU gone) and calls it crashed.
+		{"SIGTERM, away, crashed", unix.SIGTERM, "shutdown", vm.StopCrashed, 0, true},
+		// libvirtd there all along: "crashed" after the press is QEMU
+		// killed or dead before the guest finished powering off.
+		{"SIGTERM, crashed, not away", unix.SIGTERM, "shutdown", vm.StopCrashed, 255, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -170,6 +175,9 @@ func TestVMTaskExitStatus(t *testing.T) {
 				if calls := f.fake.called(); calls[len(calls)-1] != tc.call+" "+vt.rec.Domain {
 					t.Fatalf("kill made calls %v, want %s last", calls, tc.call)
 				}
+			}
+			if tc.away {
+				f.fake.reconnected()
 			}
 			// The stop as libvirt reports it, here through onStopped
 			// (a resync's path); QEMU's watch stays silent: the
@@ -435,6 +443,23 @@ func TestVMTaskQEMUDiesAfterThePress(t *testing.T) {
 		if got := waitExit(t, vt); got != want {
 			t.Errorf("libvirtd away %v: exit %d, want %d", away, got, want)
 		}
+	}
+}
+
+// libvirtd away while the guest powers off: QEMU, run with -no-shutdown,
+// waits until the libvirtd that comes back ends it and calls the domain
+// crashed. The shim may have reconnected before QEMU ended; the press
+// came before the reconnect, so the exit is the power-off.
+func TestVMTaskPowerOffWhileLibvirtdAwayEndsAfterTheReconnect(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.started()
+	if err := vt.kill(context.Background(), uint32(unix.SIGTERM)); err != nil {
+		t.Fatal(err)
+	}
+	f.fake.reconnected() // before QEMU ends
+	f.fake.stop(vt.rec.Domain, vm.StopCrashed)
+	if got := waitExit(t, vt); got != vm.ExitPoweroff {
+		t.Errorf("exit %d, want %d (the guest's power-off)", got, vm.ExitPoweroff)
 	}
 }
 

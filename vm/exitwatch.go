@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 )
 
@@ -48,7 +49,11 @@ func WatchExit(name string, pid int) (*ExitWatch, error) {
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("watch QEMU of domain %s (pid %d) (a pidfd needs Linux 5.3): %w", name, pid, err)
+		var class error = errdefs.ErrUnavailable
+		if errors.Is(err, unix.ENOSYS) {
+			class = errdefs.ErrNotImplemented
+		}
+		return nil, fmt.Errorf("watch QEMU of domain %s (pid %d) (a pidfd needs Linux 5.3): %v: %w", name, pid, err, class)
 	}
 	// A non-blocking descriptor joins Go's poller: waiting for the exit
 	// holds no thread.
