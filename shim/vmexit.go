@@ -1,0 +1,140 @@
+package shim
+
+import (
+	"context"
+	"time"
+
+	"github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/log"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
+)
+
+// resync reads the domain's state from libvirt and records an exit that
+// the QEMU watch did not (the VM stopped while Start was still running),
+// or that libvirtd reported while it was away.
+//
+// Only a state read after the Start finished tells of the VM's exit. A
+// read while Start is in flight (the resync of a libvirt reconnect that
+// lands as the shim starts the domain on the new connection) finds the
+// domain not yet running, "shut off, reason unknown", and onStopped,
+// waiting for mu until the Start is done, would record that as the exit
+// of the VM that had just started: it reported 255 and was deleted. A
+// task not yet started has no exit to miss; Service.Start re-reads the
+// state once its Start is done.
+func (t *vmTask) resync(ctx context.Context) {
+	if !t.launched.Load() {
+		log.G(ctx).WithField("vm", t.rec.Domain).Debug("VM state not re-read: the task has not started (a Start in flight re-reads it when done)")
+		return
+	}
+	st, err := t.h.conn.State(t.rec.Domain)
+	switch {
+	case errdefs.IsNotFound(err):
+		t.onStopped(ctx, vm.StopFailed)
+	case err != nil:
+		log.G(ctx).WithError(err).WithField("vm", t.rec.Domain).Warn("re-read VM state")
+	case !st.Running:
+		t.onStopped(ctx, st.Reason)
+	}
+}
+
+// exitSettle is how long after its QEMU ended a VM may still be running
+// to libvirt: libvirtd reaps QEMU and records why it stopped within
+// milliseconds, or, when it was away, once it is back and reconnects to
+// its domains.
+var exitSettle = 30 * time.Second
+
+// followExit records the VM's exit once its QEMU has ended, with the
+// reason libvirt gives. Until libvirt has the domain shut off (libvirtd
+// may be away, or not yet have reaped QEMU) it asks again; after
+// exitSettle the exit is recorded as what a returning libvirtd would
+// report, "crashed" (onStopped decides what that counts as).
+func (t *vmTask) followExit(ctx context.Context, w *vm.ExitWatch) {
+	select {
+	case <-w.Exited():
+	case <-w.Closed():
+		return
+	}
+	w.Close()
+	gone := time.Now()
+	wait := 10 * time.Millisecond
+	for {
+		if status, _, _, _ := t.snapshot(); status != task.Status_RUNNING && status != task.Status_PAUSED {
+			return // recorded already, or the task is gone
+		}
+		st, err := t.h.conn.State(t.rec.Domain)
+		switch {
+		case errdefs.IsNotFound(err):
+			t.onStopped(ctx, vm.StopFailed)
+			return
+		case err == nil && !st.Running:
+			t.onStopped(ctx, st.Reason)
+			return
+		case time.Since(gone) > exitSettle:
+			log.G(ctx).WithError(err).WithField("vm", t.rec.Domain).Warnf("QEMU ended %v ago and libvirt does not have the domain shut off: recording the exit as QEMU's death", exitSettle)
+			t.onStopped(ctx, vm.StopCrashed)
+			return
+		}
+		time.Sleep(wait)
+		if wait < time.Second {
+			wait *= 2
+		}
+	}
+}
+
+// onStopped records the exit of a running VM once and publishes it after
+// the console output is drained.
+func (t *vmTask) onStopped(ctx context.Context, reason vm.StopReason) {
+	t.mu.Lock()
+	if t.status != task.Status_RUNNING && t.status != task.Status_PAUSED {
+		t.mu.Unlock()
+		return
+	}
+	c, pressed, pressReconnects := t.console, t.powerPressed, t.pressReconnects
+	t.mu.Unlock()
+	if reason == vm.StopCrashed && pressed && t.h.conn.Reconnects() != pressReconnects {
+		// libvirtd that comes back and finds the guest powered off
+		// (QEMU, run with -no-shutdown, waits for it) or QEMU gone
+		// calls the domain crashed, whatever ended it: a guest asked
+		// to power off, while libvirtd was away at some time since
+		// the press, counts as that power-off. With libvirtd there
+		// all along, "crashed" is QEMU's death (ExitStatus: 255).
+		// Every path (the QEMU watch, a resync, a Kill's) decides
+		// here, so none can publish QEMU's death as 0.
+		log.G(ctx).WithField("vm", t.rec.Domain).Info("libvirt reports the VM crashed after its power button was pressed (libvirtd was away while it stopped): counted as the power-off")
+		reason = vm.StopShutdown
+	}
+	if c != nil {
+		c.waitDrained(2 * time.Second)
+	}
+	t.mu.Lock()
+	published := t.setExitedLocked(reason.ExitStatus())
+	status := t.exitStatus
+	t.mu.Unlock()
+	if published {
+		log.G(ctx).WithField("vm", t.rec.Domain).WithField("reason", reason).WithField("exitStatus", status).Info("VM stopped")
+	}
+}
+
+// qemuEndWait is how long a failed call waits for the pidfd of a QEMU that
+// may be dying: libvirtd can see its monitor close a moment before the
+// exit is reported.
+var qemuEndWait = time.Second
+
+// qemuEnded tells whether the VM's QEMU has exited, waiting up to wait for
+// its pidfd to say so.
+func (t *vmTask) qemuEnded(wait time.Duration) bool {
+	t.mu.Lock()
+	w := t.exit
+	t.mu.Unlock()
+	if w == nil {
+		return false
+	}
+	select {
+	case <-w.Exited():
+		return true
+	case <-time.After(wait):
+		return false
+	}
+}
