@@ -72,7 +72,7 @@ func (t *vmTask) followExit(ctx context.Context, w *vm.ExitWatch) {
 			t.onStopped(ctx, st.Reason)
 			return
 		case time.Since(gone) > exitSettle:
-			log.G(ctx).WithError(err).WithField("vm", t.rec.Domain).Warnf("QEMU ended %v ago and libvirt does not have the domain shut off: recording the exit as QEMU's death", exitSettle)
+			log.G(ctx).WithError(err).WithField("vm", t.rec.Domain).Warnf("QEMU ended %v ago and libvirt does not have the domain shut off: recording the exit as libvirt's \"crashed\"", exitSettle)
 			t.onStopped(ctx, vm.StopCrashed)
 			return
 		}
