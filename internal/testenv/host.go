@@ -150,6 +150,21 @@ func DomainsMentioning(l *libvirt.Libvirt, dir string) ([]string, error) {
 	return own, nil
 }
 
+// RemoveDomainsMentioning destroys and undefines the domains whose XML
+// names a path below dir (DomainsMentioning) and lists them as leftovers.
+func RemoveDomainsMentioning(l *libvirt.Libvirt, dir string) ([]string, error) {
+	doms, err := DomainsMentioning(l, dir)
+	removed := make([]string, 0, len(doms))
+	for _, name := range doms {
+		removed = append(removed, leftoverDomain+name)
+		if d, err := l.DomainLookupByName(name); err == nil {
+			_ = l.DomainDestroy(d)
+			_ = l.DomainUndefine(d)
+		}
+	}
+	return removed, err
+}
+
 // Domains lists this daemon's libvirt domains: those that mention its
 // shim's state_dir (DomainsMentioning).
 func (c *Containerd) Domains() ([]string, error) {
@@ -284,14 +299,8 @@ func (c *Containerd) ForceCleanup(ctx context.Context) []string {
 		}
 	}
 	if l, err := ConnectLibvirt(); err == nil {
-		doms, _ := DomainsMentioning(l, c.ShimStateDir)
-		for _, name := range doms {
-			removed = append(removed, leftoverDomain+name)
-			if d, err := l.DomainLookupByName(name); err == nil {
-				_ = l.DomainDestroy(d)
-				_ = l.DomainUndefine(d)
-			}
-		}
+		doms, _ := RemoveDomainsMentioning(l, c.ShimStateDir)
+		removed = append(removed, doms...)
 		_ = l.Disconnect()
 	}
 	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)

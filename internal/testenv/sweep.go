@@ -30,16 +30,10 @@ func SweepDeadRuns(prefix string) []string {
 		swept = append(swept, err.Error())
 	} else {
 		for _, dir := range dirs {
-			doms, err := DomainsMentioning(l, dir)
+			doms, err := RemoveDomainsMentioning(l, dir)
+			swept = append(swept, doms...)
 			if err != nil {
 				swept = append(swept, err.Error())
-			}
-			for _, name := range doms {
-				if d, err := l.DomainLookupByName(name); err == nil {
-					_ = l.DomainDestroy(d)
-					_ = l.DomainUndefine(d)
-					swept = append(swept, leftoverDomain+name)
-				}
 			}
 		}
 		_ = l.Disconnect()
