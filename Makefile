@@ -8,6 +8,12 @@ WRAPPER  := _output/bin/kvm-qemu-wrapper
 LIBEXEC  ?= $(PREFIX)/libexec/containerd-shim-kvm-v1
 LDFLAGS  := -s -w -X main.version=$(VERSION) -X main.revision=$(REVISION)
 GO       ?= go
+# Recipes run in bash so that a pipe fails when go test does.
+SHELL       := /bin/bash
+.SHELLFLAGS := -o pipefail -c
+# REPORT turns `go test -json` into go test -v's text and ends it with a
+# summary of the failures (hack/testreport): a CI log's tail says why.
+REPORT   = $(GO) run ./hack/testreport
 # Integration tests boot real VMs under TCG; give them room.
 INTEGRATION_TIMEOUT ?= 80m
 # The soak: TestCRISoak's cycles of ten pods at once, on each containerd.
@@ -54,16 +60,16 @@ fuzz: ## Run every fuzz target for FUZZTIME (default 30s) each, one after anothe
 	done
 
 integration: setup build images ## Run the integration tests against real containerd 1.6 and 2.x, libvirtd and QEMU
-	$(GO) test -tags integration -count=1 -v -timeout $(INTEGRATION_TIMEOUT) -run '$(INTEGRATION_RUN)' ./integration/
+	$(GO) test -tags integration -count=1 -json -timeout $(INTEGRATION_TIMEOUT) -run '$(INTEGRATION_RUN)' ./integration/ | $(REPORT)
 
 soak: setup build images ## Soak: SOAK_CYCLES (100) cycles of 10 VM pods at once through CRI on containerd 1.6 and 2.x; fails on any error, leak or shim memory growth
-	KVM_IT_SOAK_CYCLES=$(SOAK_CYCLES) $(GO) test -tags integration -count=1 -v -timeout $(SOAK_TIMEOUT) -run '^TestCRISoak$$' ./integration/
+	KVM_IT_SOAK_CYCLES=$(SOAK_CYCLES) $(GO) test -tags integration -count=1 -json -timeout $(SOAK_TIMEOUT) -run '^TestCRISoak$$' ./integration/ | $(REPORT)
 
 k8s: ## Build the pinned kube-apiserver, kube-controller-manager, kubelet, kube-proxy and kubectl (cached in /var/cache/kvm-shim)
 	hack/k8s/build.sh
 
 e2e: setup build images k8s ## Run the e2e tier: a private Kubernetes node drives VM pods through kubectl, on containerd 1.6 and 2.x
-	KVM_E2E_K8S_BIN="$$(hack/k8s/build.sh)" $(GO) test -tags e2e -count=1 -v -timeout $(E2E_TIMEOUT) -run '$(E2E_RUN)' ./integration/e2e/
+	KVM_E2E_K8S_BIN="$$(hack/k8s/build.sh)" $(GO) test -tags e2e -count=1 -json -timeout $(E2E_TIMEOUT) -run '$(E2E_RUN)' ./integration/e2e/ | $(REPORT)
 
 test: setup build images unit integration e2e ## Set up the host, then run the unit, integration and e2e tests
 
