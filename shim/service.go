@@ -497,17 +497,20 @@ func (s *service) vmHost(ctx context.Context, cfg *Config) (*host, error) {
 		s.hostErr, s.hostErrAt = err, time.Now()
 		return nil, err
 	}
+	// The sweep runs before any Create of this shim can use the host: a
+	// pod re-created after a power loss takes its lost VM's domain name
+	// again, and a sweep running beside that Create could undefine the
+	// new definition between its Define and its Start. A CRI pod's
+	// sandbox start (prepareHost) does it ahead of the pod's first VM.
+	var release func(string) error
+	if h.numa != nil {
+		release = h.numa.Release
+	}
+	sweep(context.WithoutCancel(ctx), h.layout, h.conn, h.fdSocketDir, release, time.Now())
 	s.mu.Lock()
 	s.host = h
 	s.mu.Unlock()
 	goSafe(ctx, "follow libvirt events", func() { s.followEvents(context.WithoutCancel(ctx), h) })
-	goSafe(ctx, "sweep VMs lost with their task records", func() {
-		var release func(string) error
-		if h.numa != nil {
-			release = h.numa.Release
-		}
-		sweep(context.WithoutCancel(ctx), h.layout, h.conn, h.fdSocketDir, release, time.Now())
-	})
 	return h, nil
 }
 

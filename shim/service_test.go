@@ -16,9 +16,11 @@ import (
 
 // hostFake makes hosts that count their connects and closes; a connect
 // waits for release when it is set, and fails with err when that is set.
+// Its hosts have no domains and an empty state dir under root.
 type hostFake struct {
 	release  chan struct{}
 	err      error
+	root     string
 	connects atomic.Int32
 	closes   atomic.Int32
 }
@@ -32,7 +34,7 @@ func (f *hostFake) newHost(context.Context, Config, vm.KVMInfo) (*host, error) {
 		return nil, f.err
 	}
 	events := make(chan vm.Event)
-	return &host{events: events, close: func() error {
+	return &host{conn: newFakeDomains(), layout: layout{root: f.root}, events: events, close: func() error {
 		f.closes.Add(1)
 		close(events)
 		return nil
@@ -62,6 +64,7 @@ func newTestService(t *testing.T, f *hostFake) *service {
 	t.Helper()
 	ctx, sd := shutdown.WithShutdown(context.Background())
 	t.Cleanup(func() { sd.Shutdown(); <-ctx.Done() })
+	f.root = t.TempDir()
 	return &service{shutdown: sd, tasks: map[string]taskRunner{}, newHost: f.newHost}
 }
 

@@ -41,6 +41,7 @@ const sweepGrace = time.Minute
 type sweeper interface {
 	Domains() (map[string]vm.Metadata, error)
 	State(name string) (vm.State, error)
+	Metadata(name string) (vm.Metadata, error)
 	Undefine(name string) error
 }
 
@@ -85,6 +86,17 @@ func sweep(ctx context.Context, l layout, conn sweeper, fdSocketDir string, rele
 		st, err := conn.State(name)
 		if err != nil || st.Running {
 			referenced[m.StateDir] = true
+			continue
+		}
+		// A pod re-created after a power loss gets its domain name
+		// again: if a Create defined it anew since the listing, the name
+		// is a new VM's, not the lost one's. (A shim's own Creates wait
+		// for its sweep; this covers another shim's, but for the moment
+		// between this read and the undefine.)
+		if cur, err := conn.Metadata(name); err != nil || cur.StateDir != m.StateDir {
+			if err == nil {
+				referenced[cur.StateDir] = true
+			}
 			continue
 		}
 		if err := conn.Undefine(name); err != nil && !errdefs.IsNotFound(err) {

@@ -142,3 +142,39 @@ func TestRemoveVMDirStopsAtAMount(t *testing.T) {
 		t.Errorf("dir left after the mount went: %v", err)
 	}
 }
+
+// A Create that defines a lost VM's domain name anew while the sweep runs
+// (the pod re-created after a power loss, in another shim) keeps its
+// definition: the sweep reads the domain's metadata again before it
+// undefines, and leaves a name that now names another runtime dir.
+func TestSweepSparesANameDefinedAnew(t *testing.T) {
+	l := layout{root: t.TempDir()}
+	f := newFakeDomains()
+	lost := vmDirOwnedBy(t, l, "lost", false)
+	f.doms["kvm-pod"] = &fakeDomain{meta: vm.Metadata{ContainerID: "old", StateDir: lost}}
+	fresh := vmDirOwnedBy(t, l, "fresh", true)
+	f.stateRead = func(name string) {
+		// The Create's Define, after the sweep's listing and state read.
+		f.mu.Lock()
+		f.doms[name] = &fakeDomain{meta: vm.Metadata{ContainerID: "new", StateDir: fresh}}
+		f.mu.Unlock()
+	}
+	var released []string
+	sweep(context.Background(), l, f, t.TempDir(), func(owner string) error {
+		released = append(released, owner)
+		return nil
+	}, time.Now())
+
+	if d, ok := f.doms["kvm-pod"]; !ok || d.meta.ContainerID != "new" {
+		t.Errorf("the new definition of kvm-pod was undefined (calls %v)", f.called())
+	}
+	if len(released) > 0 {
+		t.Errorf("NUMA reservations released: %v, want none", released)
+	}
+	if _, err := os.Stat(fresh); err != nil {
+		t.Errorf("the new VM's runtime dir: %v", err)
+	}
+	if _, err := os.Stat(lost); !os.IsNotExist(err) {
+		t.Errorf("the lost VM's runtime dir: %v, want it removed", err)
+	}
+}
