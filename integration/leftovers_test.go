@@ -11,8 +11,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -250,15 +252,39 @@ func domainProcesses(domain string) []testenv.Process {
 
 // forceCleanup removes, after a test, whatever it left in this containerd
 // (testenv's ForceCleanup: CRI pods, tasks and containers in both
-// namespaces, this shim's domains, shim processes) and logs it; the test's
-// own assertNothingLeft is what fails a test. The domains it destroys are
-// remembered as this containerd's (isOwnDomain).
+// namespaces, this shim's domains, shim processes, then the shim's
+// state_dir entries and pod IPs), and what only this suite knows to be
+// this containerd's (VM processes, NUMA reservations, descriptor
+// sockets), and logs it: the next test starts as on a clean node, and the
+// test's own assertNothingLeft is what fails a test. The domains it
+// destroys are remembered as this containerd's (isOwnDomain).
 func (c *containerd) forceCleanup(t *testing.T) {
 	for _, r := range c.ForceCleanup(context.Background()) {
 		if d, ok := testenv.LeftoverDomain(r); ok {
 			c.noteDomains(d)
 		}
 		t.Logf("cleanup: removed %s", r)
+	}
+	for _, p := range c.vmProcesses() {
+		_ = syscall.Kill(p.Pid, syscall.SIGKILL)
+		t.Logf("cleanup: killed VM process %d: %.160s...", p.Pid, p.Cmdline)
+	}
+	if owners, _ := numaOwners(c.NUMAStateFile); slices.ContainsFunc(owners, func(o string) bool {
+		domain, _, _ := strings.Cut(o, "/")
+		return c.isOwnDomain(domain, nil)
+	}) {
+		// No shim of this containerd runs any more, and the file is
+		// this containerd's alone: the next shim starts a new one.
+		if err := os.Remove(c.NUMAStateFile); err != nil {
+			t.Logf("cleanup: NUMA reservations %q: %v", owners, err)
+		} else {
+			t.Logf("cleanup: removed the NUMA reservations %q (%s)", owners, c.NUMAStateFile)
+		}
+	}
+	for _, sock := range c.ownNetfdSockets(nil) {
+		if err := os.Remove(sock); err == nil {
+			t.Logf("cleanup: removed network descriptor socket %s", sock)
+		}
 	}
 }
 

@@ -186,19 +186,42 @@ var shimStateDirs = map[string]bool{"vms": true, "pods": true}
 // empty top-level directories: per-VM or per-pod directories, and any
 // other file, socket or link.
 func StateDirLeftovers(dir string) []string {
-	var found []string
+	paths, errs := stateDirEntries(dir)
+	found := errs
+	for _, p := range paths {
+		found = append(found, "shim state "+p)
+	}
+	return found
+}
+
+// stateDirEntries lists the paths StateDirLeftovers reports, and the
+// errors met reading them.
+func stateDirEntries(dir string) (paths, errs []string) {
 	for _, name := range DirNames(dir) {
 		path := filepath.Join(dir, name)
 		fi, err := os.Lstat(path)
 		switch {
 		case err != nil:
-			found = append(found, err.Error())
+			errs = append(errs, err.Error())
 		case !shimStateDirs[name] || !fi.IsDir():
-			found = append(found, "shim state "+path)
+			paths = append(paths, path)
 		default:
 			for _, sub := range DirNames(path) {
-				found = append(found, "shim state "+filepath.Join(path, sub))
+				paths = append(paths, filepath.Join(path, sub))
 			}
+		}
+	}
+	return paths, errs
+}
+
+// reservedIPs lists the host-local IPAM files of pod IPs still reserved
+// in this daemon's CNI network.
+func (c *Containerd) reservedIPs() []string {
+	ipam := filepath.Join(c.IPAMDir, c.CNINetwork)
+	var found []string
+	for _, name := range DirNames(ipam) {
+		if name != "lock" && !strings.HasPrefix(name, "last_reserved_ip.") {
+			found = append(found, filepath.Join(ipam, name))
 		}
 	}
 	return found
@@ -237,11 +260,8 @@ func (c *Containerd) Leftovers(ctx context.Context) []string {
 		found = append(found, "mount "+m)
 	}
 	found = append(found, StateDirLeftovers(c.ShimStateDir)...)
-	ipam := filepath.Join(c.IPAMDir, c.CNINetwork)
-	for _, name := range DirNames(ipam) {
-		if name != "lock" && !strings.HasPrefix(name, "last_reserved_ip.") {
-			found = append(found, "pod IP still reserved: "+filepath.Join(ipam, name))
-		}
+	for _, f := range c.reservedIPs() {
+		found = append(found, "pod IP still reserved: "+f)
 	}
 	doms, err := c.Domains()
 	if err != nil {
@@ -273,8 +293,9 @@ func (c *Containerd) WaitNothingLeft(ctx context.Context, timeout time.Duration)
 
 // ForceCleanup removes whatever is left in this daemon: CRI pods, tasks and
 // containers in both namespaces, libvirt domains of this shim, and, after
-// a grace period for them to exit, shim processes. It returns what it had
-// to remove; an empty list means there was nothing.
+// a grace period for them to exit, shim processes; then what no process
+// will release any more (ClearState). It returns what it had to remove;
+// an empty list means there was nothing.
 func (c *Containerd) ForceCleanup(ctx context.Context) []string {
 	var removed []string
 	if cl, err := c.DialCRI(); err == nil {
@@ -309,6 +330,36 @@ func (c *Containerd) ForceCleanup(ctx context.Context) []string {
 	for _, p := range c.ShimProcesses() {
 		removed = append(removed, fmt.Sprintf("shim process %d: %s", p.Pid, p.Cmdline))
 		_ = syscall.Kill(p.Pid, syscall.SIGKILL)
+	}
+	return append(removed, c.ClearState()...)
+}
+
+// ClearState removes, once no shim of this daemon runs, what a failed test
+// left in the shim's state_dir (unmounting below each entry first) and the
+// pod IPs it left reserved, so that the tests after it start as on a clean
+// node: one failure stays one failing test. It returns what it removed,
+// and what it could not.
+func (c *Containerd) ClearState() []string {
+	var removed []string
+	paths, errs := stateDirEntries(c.ShimStateDir)
+	removed = append(removed, errs...)
+	for _, p := range paths {
+		if err := UnmountAll(p); err != nil {
+			removed = append(removed, fmt.Sprintf("shim state %s kept: %v", p, err))
+			continue
+		}
+		if err := os.RemoveAll(p); err != nil {
+			removed = append(removed, err.Error())
+			continue
+		}
+		removed = append(removed, "shim state "+p)
+	}
+	for _, f := range c.reservedIPs() {
+		if err := os.Remove(f); err != nil {
+			removed = append(removed, err.Error())
+			continue
+		}
+		removed = append(removed, "pod IP reservation "+f)
 	}
 	return removed
 }
