@@ -54,6 +54,7 @@ type config struct {
 	volumeVMs    int
 	volumeMiB    int
 	volumeOps    int
+	volumeLoop   string
 	eventsShims  []int
 	eventsCount  int
 	quick        bool
@@ -104,6 +105,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&c.volumeVMs, "volume-vms", 4, "volumes: VMs per variant (each runs the workload 3 times)")
 	fs.IntVar(&c.volumeMiB, "volume-mib", 256, "volumes: MiB written and read sequentially per run, and the span of the random 4 KiB I/O")
 	fs.IntVar(&c.volumeOps, "volume-ops", 4000, "volumes: random 4 KiB reads and as many writes per run")
+	fs.StringVar(&c.volumeLoop, "volume-loop", "direct", "volumes: the loop device's I/O to its file: direct (as a real block device, no host page cache) or buffered")
 	eventsShims := fs.String("events-shims", "1,50", "events: idle pod shim counts (the first and last give the cost of one more shim)")
 	fs.IntVar(&c.eventsCount, "events-count", 1000, "events: lifecycle events made per shim count (defined + undefined pairs)")
 	fs.IntVar(&c.microCount, "micro-count", 6, "micro: go test -count")
@@ -155,6 +157,9 @@ func parseFlags(args []string) (*config, error) {
 	}
 	if c.netRuns < 1 || c.netSeconds < 2 {
 		return nil, errors.New("-net-runs must be at least 1 and -net-seconds at least 2")
+	}
+	if c.volumeLoop != "direct" && c.volumeLoop != "buffered" {
+		return nil, fmt.Errorf("-volume-loop %q: want direct or buffered", c.volumeLoop)
 	}
 	if c.volumeVMs < 1 || c.volumeMiB < 1 || c.volumeOps < 1 {
 		return nil, errors.New("-volume-vms, -volume-mib and -volume-ops must be at least 1")

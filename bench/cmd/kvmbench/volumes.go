@@ -86,6 +86,7 @@ type volumesResults struct {
 	Ops       int          `json:"random_ops"` // 4 KiB operations per random run
 	VMs       int          `json:"vms"`        // VMs per variant
 	InnerRuns int          `json:"runs_per_vm"`
+	Loop      string       `json:"loop_io"` // the loop device's I/O to its file: direct or buffered
 	Variants  []*ioVariant `json:"variants"`
 }
 
@@ -170,7 +171,7 @@ func (x *volumesResults) iobenchArg(target string) string {
 
 func runVolumes(ctx context.Context, e *env) (_ *volumesResults, retErr error) {
 	d := e.daemons[0]
-	res := &volumesResults{Flavour: d.name(), MiB: e.cfg.volumeMiB, Ops: e.cfg.volumeOps, VMs: e.cfg.volumeVMs, InnerRuns: volumeInnerRuns}
+	res := &volumesResults{Flavour: d.name(), MiB: e.cfg.volumeMiB, Ops: e.cfg.volumeOps, VMs: e.cfg.volumeVMs, InnerRuns: volumeInnerRuns, Loop: e.cfg.volumeLoop}
 	h, err := cgroup.Detect()
 	if err != nil {
 		return nil, err
@@ -196,7 +197,15 @@ func runVolumes(ctx context.Context, e *env) (_ *volumesResults, retErr error) {
 			return nil, err
 		}
 	}
-	out, err := exec.CommandContext(ctx, "losetup", "--find", "--show", blockFile).Output()
+	// Direct I/O by default: a PVC's block device has no host page cache
+	// under cache=none. A buffered loop device charges the page cache of
+	// the guest's writes to the cgroup of whoever writes: the pod's
+	// memory-limited one for (a), an unlimited one for (b).
+	dio := "--direct-io=on"
+	if res.Loop == "buffered" {
+		dio = "--direct-io=off"
+	}
+	out, err := exec.CommandContext(ctx, "losetup", "--find", "--show", dio, blockFile).Output()
 	if err != nil {
 		return nil, fmt.Errorf("losetup: %w", err)
 	}
@@ -585,6 +594,14 @@ func (vm *rawVolumeVM) run(ctx context.Context, l *libvirt.Libvirt, h cgroup.Hie
 	return waitIO(ctx, func() string { return consoleLog }, g)
 }
 
+// loopNote says what the loop device's I/O mode means for the figures.
+func loopNote(mode string) string {
+	if mode == "buffered" {
+		return "The loop device is buffered (-volume-loop buffered): the figures are the virtualization path's over the host page cache, which is charged to the cgroup of the writer (the pod's memory-limited one for (a), (b)'s unlimited one), not the host disk's."
+	}
+	return "The loop device does direct I/O to its file (losetup --direct-io=on; -volume-loop direct, the default), as a real block device has no host page cache between QEMU's cache=none and the disk: the figures are the host disk's through each path."
+}
+
 // buildVolumes adds the volume rows: each variant's figures, a/b with
 // its target and c/a.
 func (r *results) buildVolumes() {
@@ -595,8 +612,8 @@ func (r *results) buildVolumes() {
 	r.Notes = append(r.Notes, fmt.Sprintf("Volumes: measured in the guest by hack/guest/iobench (a static Go program in the test initramfs, started by /init from kvm-guest.iobench= on the kernel command line): per run, %d MiB written then read in 1 MiB blocks, then %d random 4 KiB writes and %d random 4 KiB reads at aligned offsets in those %d MiB (the same offsets on every target), O_DIRECT where the target takes it (mode direct; else through the guest's page cache with the caches dropped before reads: mode cached), writes ended by fdatasync and timed with it. "+
 		"%d VMs per variant, run interleaved (one VM of each per round, in the order a, b, c in even rounds and c, b, a in odd ones), %d runs each; a variant's medians and ranges are over all its runs, a ratio is taken per round (the median of one variant's runs in that round over the other's) and given as the median and range over the rounds. The loop device's file and the shared directory are on the host's disk file system (/var/tmp), written in full before the first run. "+
 		"(a) and (c): CRI pods on containerd %s (kernel command line by the kvm.containerd.io/kernel-cmdline annotation); (b): a domain written by hand with go-libvirt: the (a) VM's kernel, initrd, memory and vCPUs, one <disk type='block'> with cache=none io=native on the same loop device, a serial console into a file, nothing else; its QEMU joins a cgroup of its own beside the pods' before it runs (libvirt here manages no cpu controller: in the root cpu cgroup each QEMU thread would weigh as much as a whole pod's group when other users load the cores). "+
-		"Every guest boots with kvm-guest.agent=off (no QEMU guest agent: (b) has no channel for it), so the same guest processes share the one emulated vCPU with the benchmark. The loop device is buffered (losetup's default): the figures are the virtualization path's over the host page cache, not the host disk's. Under TCG the guest's emulated CPU bounds every figure. QEMU CPU: the CPU time of the VM's QEMU cgroup (the pod container's for (a) and (c), virtiofsd included in (c); (b)'s own) from the guest's start line to its done line, read by the 100 ms poll of the console: the host cost of the same runs, which other users of the cores change far less than the throughput.",
-		x.MiB, x.Ops, x.Ops, x.MiB, x.VMs, x.InnerRuns, x.Flavour))
+		"Every guest boots with kvm-guest.agent=off (no QEMU guest agent: (b) has no channel for it), so the same guest processes share the one emulated vCPU with the benchmark. %s Under TCG the guest's emulated CPU bounds every figure. QEMU CPU: the CPU time of the VM's QEMU cgroup (the pod container's for (a) and (c), virtiofsd included in (c); (b)'s own) from the guest's start line to its done line, read by the 100 ms poll of the console: the host cost of the same runs, which other users of the cores change far less than the throughput.",
+		x.MiB, x.Ops, x.Ops, x.MiB, x.VMs, x.InnerRuns, x.Flavour, loopNote(x.Loop)))
 	byKey := map[string]*ioVariant{}
 	for _, v := range x.Variants {
 		byKey[v.Key] = v
