@@ -90,12 +90,17 @@ func sweep(ctx context.Context, l layout, conn sweeper, fdSocketDir string, rele
 		}
 		// A pod re-created after a power loss gets its domain name
 		// again: if a Create defined it anew since the listing, the name
-		// is a new VM's, not the lost one's. (A shim's own Creates wait
-		// for its sweep; this covers another shim's, but for the moment
-		// between this read and the undefine.)
-		if cur, err := conn.Metadata(name); err != nil || cur.StateDir != m.StateDir {
+		// (and its descriptor socket) is a new VM's, not the lost one's.
+		// (A shim's own Creates wait for its sweep; this covers another
+		// shim's, but for the moment between this read and the
+		// undefine.) The lost VM's NUMA reservation is its own either way.
+		cur, err := conn.Metadata(name)
+		if err != nil || cur.StateDir != m.StateDir {
 			if err == nil {
 				referenced[cur.StateDir] = true
+			}
+			if err == nil || errdefs.IsNotFound(err) {
+				sweepNUMA(ctx, releaseNUMA, name, m.ContainerID)
 			}
 			continue
 		}
@@ -107,11 +112,7 @@ func sweep(ctx context.Context, l layout, conn sweeper, fdSocketDir string, rele
 		if err := os.Remove(netfd.SocketPath(fdSocketDir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			log.G(ctx).WithError(err).WithField("vm", name).Warn("sweep: remove a descriptor socket")
 		}
-		if releaseNUMA != nil {
-			if err := releaseNUMA(numaOwner(name, m.ContainerID)); err != nil {
-				log.G(ctx).WithError(err).WithField("vm", name).Warn("sweep: release a NUMA reservation")
-			}
-		}
+		sweepNUMA(ctx, releaseNUMA, name, m.ContainerID)
 		log.G(ctx).WithField("vm", name).WithField("container", m.ContainerID).WithField("pod", m.PodUID).
 			Info("sweep: undefined the stopped domain of a VM whose shim is gone (lost with its task record, e.g. by a power loss)")
 	}
@@ -132,6 +133,17 @@ func sweep(ctx context.Context, l layout, conn sweeper, fdSocketDir string, rele
 			continue
 		}
 		log.G(ctx).WithField("dir", dir).Info("sweep: removed the runtime dir of a VM whose shim and domain are gone (console log, config drive, mounts)")
+	}
+}
+
+// sweepNUMA gives back the NUMA reservation of a lost VM (domain name,
+// container id); release nil places nothing.
+func sweepNUMA(ctx context.Context, release func(owner string) error, name, containerID string) {
+	if release == nil {
+		return
+	}
+	if err := release(numaOwner(name, containerID)); err != nil {
+		log.G(ctx).WithError(err).WithField("vm", name).Warn("sweep: release a NUMA reservation")
 	}
 }
 

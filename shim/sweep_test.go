@@ -145,14 +145,19 @@ func TestRemoveVMDirStopsAtAMount(t *testing.T) {
 
 // A Create that defines a lost VM's domain name anew while the sweep runs
 // (the pod re-created after a power loss, in another shim) keeps its
-// definition: the sweep reads the domain's metadata again before it
-// undefines, and leaves a name that now names another runtime dir.
+// definition and descriptor socket: the sweep reads the domain's metadata
+// again before it undefines, and leaves a name that now names another
+// runtime dir; the lost VM's NUMA reservation still goes.
 func TestSweepSparesANameDefinedAnew(t *testing.T) {
 	l := layout{root: t.TempDir()}
 	f := newFakeDomains()
 	lost := vmDirOwnedBy(t, l, "lost", false)
 	f.doms["kvm-pod"] = &fakeDomain{meta: vm.Metadata{ContainerID: "old", StateDir: lost}}
 	fresh := vmDirOwnedBy(t, l, "fresh", true)
+	fdDir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(fdDir, "kvm-pod.sock"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	f.stateRead = func(name string) {
 		// The Create's Define, after the sweep's listing and state read.
 		f.mu.Lock()
@@ -160,7 +165,7 @@ func TestSweepSparesANameDefinedAnew(t *testing.T) {
 		f.mu.Unlock()
 	}
 	var released []string
-	sweep(context.Background(), l, f, t.TempDir(), func(owner string) error {
+	sweep(context.Background(), l, f, fdDir, func(owner string) error {
 		released = append(released, owner)
 		return nil
 	}, time.Now())
@@ -168,8 +173,11 @@ func TestSweepSparesANameDefinedAnew(t *testing.T) {
 	if d, ok := f.doms["kvm-pod"]; !ok || d.meta.ContainerID != "new" {
 		t.Errorf("the new definition of kvm-pod was undefined (calls %v)", f.called())
 	}
-	if len(released) > 0 {
-		t.Errorf("NUMA reservations released: %v, want none", released)
+	if want := []string{"kvm-pod/old"}; !slices.Equal(released, want) {
+		t.Errorf("NUMA reservations released: %v, want the lost VM's only, %v", released, want)
+	}
+	if _, err := os.Stat(filepath.Join(fdDir, "kvm-pod.sock")); err != nil {
+		t.Errorf("the new VM's descriptor socket: %v, want it kept", err)
 	}
 	if _, err := os.Stat(fresh); err != nil {
 		t.Errorf("the new VM's runtime dir: %v", err)
