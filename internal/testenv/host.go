@@ -118,6 +118,15 @@ func UnmountAll(dir string) error {
 	return errors.Join(errs...)
 }
 
+// RemoveTree unmounts everything at or below path (UnmountAll), then
+// removes it; a mount that stays keeps it.
+func RemoveTree(path string) error {
+	if err := UnmountAll(path); err != nil {
+		return err
+	}
+	return os.RemoveAll(path)
+}
+
 // ConnectLibvirt opens a go-libvirt connection to qemu:///system through
 // libvirtd's local socket.
 func ConnectLibvirt() (*libvirt.Libvirt, error) {
@@ -344,12 +353,8 @@ func (c *Containerd) ClearState() []string {
 	paths, errs := stateDirEntries(c.ShimStateDir)
 	removed = append(removed, errs...)
 	for _, p := range paths {
-		if err := UnmountAll(p); err != nil {
+		if err := RemoveTree(p); err != nil {
 			removed = append(removed, fmt.Sprintf("shim state %s kept: %v", p, err))
-			continue
-		}
-		if err := os.RemoveAll(p); err != nil {
-			removed = append(removed, err.Error())
 			continue
 		}
 		removed = append(removed, "shim state "+p)

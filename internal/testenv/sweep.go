@@ -60,11 +60,7 @@ func SweepDeadRuns(prefix string) []string {
 		time.Sleep(500 * time.Millisecond)
 	}
 	for _, dir := range dirs {
-		if err := UnmountAll(dir); err != nil {
-			swept = append(swept, fmt.Sprintf("%s kept: %v", dir, err))
-			continue
-		}
-		if err := os.RemoveAll(dir); err != nil {
+		if err := RemoveTree(dir); err != nil {
 			swept = append(swept, fmt.Sprintf("%s kept: %v", dir, err))
 			continue
 		}
