@@ -480,13 +480,18 @@ func (f execIO) deliver(ctx context.Context, exit vm.Exit) {
 	f.close()
 }
 
-// write hands the output over.
+// write hands the output over. An output with nothing to say is still
+// written (zero bytes): a FIFO's write waits until its reader opened it.
+// Closed before that, the FIFO would never see a writer again, and a
+// reader that opens it late (containerd opens its end in the background)
+// would wait for one forever: containerd 1.6's ExecSync then never
+// returns, as it waits for the exec's output without a bound.
 func (f execIO) write(ctx context.Context, exit vm.Exit) {
 	for _, o := range []struct {
 		w    io.WriteCloser
 		data []byte
 	}{{f.out, exit.Stdout}, {f.err, exit.Stderr}} {
-		if o.w == nil || len(o.data) == 0 {
+		if o.w == nil {
 			continue
 		}
 		if _, err := o.w.Write(o.data); err != nil {

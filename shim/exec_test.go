@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -388,5 +389,58 @@ func TestExecStdinEndedBeforeStart(t *testing.T) {
 	}
 	if got := f.fake.guest.Started(); len(got) != 1 || got[0].InputData != "" {
 		t.Fatalf("guest-exec %+v, want one with no input", got)
+	}
+}
+
+// An exec with nothing to write still waits for its output's reader:
+// containerd opens its end of each FIFO in the background, and a FIFO
+// whose writer came and went before that open never sees a writer again.
+// containerd 1.6's ExecSync would then wait for the exec's output forever.
+func TestExecOutputWaitsForALateReader(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "out")
+	if err := unix.Mkfifo(p, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	w, err := openExecOutput(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	delivered := make(chan struct{})
+	go func() {
+		execIO{out: w}.deliver(ctx, vm.Exit{Code: exitCannotExec})
+		close(delivered)
+	}()
+	time.Sleep(200 * time.Millisecond) // the reader is late
+	select {
+	case <-delivered:
+		t.Fatal("the exec's empty output was closed before its reader opened the FIFO")
+	default:
+	}
+	read := make(chan error, 1)
+	go func() {
+		r, err := os.OpenFile(p, os.O_RDONLY, 0) // blocks until a writer is there
+		if err == nil {
+			_, err = io.ReadAll(r)
+			r.Close()
+		}
+		read <- err
+	}()
+	select {
+	case err := <-read:
+		if err != nil {
+			t.Fatalf("the late reader: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		// Let the blocked open go before failing.
+		if f, err := os.OpenFile(p, os.O_WRONLY|unix.O_NONBLOCK, 0); err == nil {
+			f.Close()
+		}
+		t.Fatal("the late reader never found the exec's output (its open waits for a writer that is gone)")
+	}
+	select {
+	case <-delivered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the output was not delivered once its reader came")
 	}
 }
