@@ -395,7 +395,7 @@ func deletedPodStatusRace(line string) bool {
 // of the VM pods of the clean cases.
 func mentionsVM(line string) bool {
 	line = strings.ReplaceAll(line, nodeName, "") // "kvm-e2e-node" is no VM
-	for _, s := range []string{"kvm", vmA.name, "vm-gate", "echo-"} {
+	for _, s := range []string{"kvm", vmA.name, "vm-gate", "echo-", volPodName} {
 		if strings.Contains(line, s) {
 			return true
 		}

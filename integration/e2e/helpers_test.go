@@ -263,20 +263,47 @@ func (s *stream) sendUntil(t *testing.T, line, want string, interval, timeout ti
 // waitFor waits until the output holds want, and returns the output.
 func (s *stream) waitFor(t *testing.T, want string, timeout time.Duration) string {
 	t.Helper()
+	return s.waitMatch(t, fmt.Sprintf("%q", want), timeout, func(out string) (string, bool) {
+		return out, strings.Contains(out, want)
+	})
+}
+
+// waitLine waits for a whole output line (ended by a newline) holding
+// prefix, and returns the line from prefix on: on a console, a line the
+// guest prints may follow the shell's prompt.
+func (s *stream) waitLine(t *testing.T, prefix string, timeout time.Duration) string {
+	t.Helper()
+	return s.waitMatch(t, fmt.Sprintf("line with %q", prefix), timeout, func(out string) (string, bool) {
+		for {
+			line, rest, complete := strings.Cut(out, "\n")
+			if !complete {
+				return "", false
+			}
+			if i := strings.Index(line, prefix); i >= 0 {
+				return strings.TrimRight(line[i:], "\r"), true
+			}
+			out = rest
+		}
+	})
+}
+
+// waitMatch waits until match finds what it looks for (described by what)
+// in the output, and returns what match returned.
+func (s *stream) waitMatch(t *testing.T, what string, timeout time.Duration, match func(out string) (string, bool)) string {
+	t.Helper()
 	deadline := time.After(timeout)
 	for {
-		out := s.output()
-		if strings.Contains(out, want) {
-			return out
+		if m, ok := match(s.output()); ok {
+			return m
 		}
 		select {
 		case <-deadline:
-			t.Fatalf("%s: no %q within %s; output:\n%s", strings.Join(s.cmd.Args[1:], " "), want, timeout, testenv.Tail(out, 30))
+			t.Fatalf("%s: no %s within %s; output:\n%s", strings.Join(s.cmd.Args[1:], " "), what, timeout, testenv.Tail(s.output(), 30))
 		case <-s.done:
-			if out := s.output(); strings.Contains(out, want) {
-				return out
+			if m, ok := match(s.output()); ok {
+				return m
 			}
-			t.Fatalf("%s ended (%v) without %q; output:\n%s", strings.Join(s.cmd.Args[1:], " "), s.cmd.ProcessState, want, testenv.Tail(s.output(), 30))
+			t.Fatalf("%s ended (%v) without %s; output:\n%s", strings.Join(s.cmd.Args[1:], " "), s.cmd.ProcessState, what, testenv.Tail(s.output(), 30))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

@@ -174,6 +174,7 @@ func TestKubernetes(t *testing.T) {
 				{"ServiceInFrontOfDeployment", testService},
 				{"Stats", testStats},
 				{"DeletePowersOff", testDelete},
+				{"VolumesOfEveryKind", testVolumes},
 				{"CleanRunLogs", testCleanRunLogs},
 				{"ExecAndExecProbe", testExec},
 				{"VirshDestroyRestartsOnSameDisk", testVirshDestroy},

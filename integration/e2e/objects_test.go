@@ -29,6 +29,10 @@ type podOpts struct {
 	labels    obj    // pod labels; app=<name> when nil
 	grace     int    // terminationGracePeriodSeconds; 0 means 30
 	memory    string // memory limit; "" means 256Mi
+	// volumes are the pod's volumes; mounts and devices the container's
+	// volumeMounts and volumeDevices.
+	volumes, mounts, devices []obj
+	annotations              obj // pod annotations
 }
 
 func (o podOpts) container() string {
@@ -84,6 +88,15 @@ func podSpec(o podOpts) obj {
 	if o.vm {
 		spec["runtimeClassName"] = "kvm"
 	}
+	if o.volumes != nil {
+		spec["volumes"] = o.volumes
+	}
+	if o.mounts != nil {
+		c["volumeMounts"] = o.mounts
+	}
+	if o.devices != nil {
+		c["volumeDevices"] = o.devices
+	}
 	return spec
 }
 
@@ -95,11 +108,11 @@ func (o podOpts) podLabels() obj {
 }
 
 func pod(o podOpts) obj {
-	return obj{
-		"apiVersion": "v1", "kind": "Pod",
-		"metadata": obj{"name": o.name, "namespace": "default", "labels": o.podLabels()},
-		"spec":     podSpec(o),
+	meta := obj{"name": o.name, "namespace": "default", "labels": o.podLabels()}
+	if o.annotations != nil {
+		meta["annotations"] = o.annotations
 	}
+	return obj{"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": podSpec(o)}
 }
 
 func deployment(name string, replicas int, o podOpts) obj {
