@@ -3,7 +3,6 @@
 package integration
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"os"
@@ -15,6 +14,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
 )
 
 const annDiskImages = "kvm.containerd.io/disk-images"
@@ -43,20 +44,13 @@ func hostVolumeDir(t *testing.T, name string) string {
 // device: a raw block PVC.
 func loopDevice(t *testing.T, size int64, first string) string {
 	t.Helper()
-	f := filepath.Join(hostVolumeDir(t, "pv"), "block")
-	data := make([]byte, size)
-	copy(data, first)
-	if err := os.WriteFile(f, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command("losetup", "--find", "--show", f).Output()
+	dev, detach, err := testenv.AttachLoop(filepath.Join(hostVolumeDir(t, "pv"), "block"), size, first)
 	if err != nil {
-		t.Skipf("losetup (a raw block volume needs a loop device): %v", err)
+		t.Skipf("a raw block volume needs a loop device: %v", err)
 	}
-	dev := strings.TrimSpace(string(out))
 	t.Cleanup(func() {
-		if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
-			t.Errorf("losetup -d %s: %v: %s", dev, err, out)
+		if err := detach(); err != nil {
+			t.Error(err)
 		}
 	})
 	return dev
@@ -95,13 +89,11 @@ func (d configMapDir) write(t *testing.T, version string, keys map[string]string
 // firstLine reads the first line of a file or block device.
 func firstLine(t *testing.T, p string) string {
 	t.Helper()
-	f, err := os.Open(p)
+	l, err := testenv.FirstLine(p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	l, _ := bufio.NewReader(f).ReadString('\n')
-	return strings.TrimRight(l, "\n\x00")
+	return l
 }
 
 // volumePod is the CRI config of a VM container with every volume kind:

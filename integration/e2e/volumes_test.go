@@ -3,11 +3,9 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -200,12 +198,12 @@ func testVolumes(t *testing.T, e *env) {
 	}
 
 	// The guest's writes reached the claims' storage on the host.
-	if l := firstLine(t, dev); l != "KVM-GUEST-BLOCK "+wrote["dev-xvda"] {
-		t.Errorf("the block PV %s starts with %q, want the guest's token %s", dev, l, wrote["dev-xvda"])
+	if l, err := testenv.FirstLine(dev); err != nil || l != "KVM-GUEST-BLOCK "+wrote["dev-xvda"] {
+		t.Errorf("the block PV %s starts with %q (%v), want the guest's token %s", dev, l, err, wrote["dev-xvda"])
 	}
 	img := filepath.Join(fsDir, "disk.img")
-	if l := firstLine(t, img); l != "KVM-GUEST-BLOCK "+wrote["data"] {
-		t.Errorf("the filesystem PV's %s starts with %q, want the guest's token %s", img, l, wrote["data"])
+	if l, err := testenv.FirstLine(img); err != nil || l != "KVM-GUEST-BLOCK "+wrote["data"] {
+		t.Errorf("the filesystem PV's %s starts with %q (%v), want the guest's token %s", img, l, err, wrote["data"])
 	}
 
 	// kubelet's update of the configMap volume reaches the guest.
@@ -250,32 +248,14 @@ func volumeRoot(t *testing.T, e *env) string {
 // device (a local block PersistentVolume), detached at the end of the test.
 func loopDevice(t *testing.T, file string, size int64, first string) string {
 	t.Helper()
-	data := make([]byte, size)
-	copy(data, first)
-	if err := os.WriteFile(file, data, 0o600); err != nil {
+	dev, detach, err := testenv.AttachLoop(file, size, first)
+	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command("losetup", "--find", "--show", file).Output()
-	if err != nil {
-		t.Fatalf("losetup --find --show %s: %v", file, err)
-	}
-	dev := strings.TrimSpace(string(out))
 	t.Cleanup(func() {
-		if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
-			t.Errorf("losetup -d %s: %v: %s", dev, err, out)
+		if err := detach(); err != nil {
+			t.Error(err)
 		}
 	})
 	return dev
-}
-
-// firstLine reads the first line of a file or device.
-func firstLine(t *testing.T, p string) string {
-	t.Helper()
-	f, err := os.Open(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	l, _ := bufio.NewReader(f).ReadString('\n')
-	return strings.TrimRight(l, "\n\x00")
 }

@@ -1,0 +1,43 @@
+package testenv
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+)
+
+// AttachLoop writes a file of size bytes starting with first and attaches
+// it as a loop device (a raw block volume, as a PVC's device stands in
+// tests). detach gives the device back.
+func AttachLoop(file string, size int64, first string) (dev string, detach func() error, err error) {
+	data := make([]byte, size)
+	copy(data, first)
+	if err := os.WriteFile(file, data, 0o600); err != nil {
+		return "", nil, err
+	}
+	out, err := exec.Command("losetup", "--find", "--show", file).Output()
+	if err != nil {
+		return "", nil, fmt.Errorf("losetup --find --show %s: %w", file, err)
+	}
+	dev = strings.TrimSpace(string(out))
+	return dev, func() error {
+		if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
+			return fmt.Errorf("losetup -d %s: %w: %s", dev, err, out)
+		}
+		return nil
+	}, nil
+}
+
+// FirstLine reads the first line of a file or device, without its line
+// end (and the zeros of a device's unwritten rest).
+func FirstLine(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	l, _ := bufio.NewReader(f).ReadString('\n')
+	return strings.TrimRight(l, "\n\x00"), nil
+}
