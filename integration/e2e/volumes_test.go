@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -229,6 +230,32 @@ func testVolumes(t *testing.T, e *env) {
 		}
 	}
 	logs.waitLine(t, "KVM-GUEST-SHARE cache /cache write=ok", bootTimeout)
+
+	// kubelet holds a mapped block volume open through a loop device of
+	// its own; it must go with the pod, or the PV's device stays busy.
+	if l := e.kubeletLoops(t); len(l) != 1 {
+		t.Errorf("kubelet's loop devices while the pod runs: %q, want the one over the block PV", l)
+	}
+	e.deletePod(t, o.name)
+	if l := e.kubeletLoops(t); len(l) > 0 {
+		t.Errorf("loop devices over kubelet's files left once the pod is gone: %q", l)
+	}
+}
+
+// kubeletLoops lists the loop devices whose backing file is kubelet's.
+func (e *env) kubeletLoops(t *testing.T) []string {
+	t.Helper()
+	out, err := exec.Command("losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE").Output()
+	if err != nil {
+		t.Fatalf("losetup --list: %v", err)
+	}
+	var loops []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.Contains(l, e.cluster.KubeletDir) {
+			loops = append(loops, strings.Join(strings.Fields(l), " "))
+		}
+	}
+	return loops
 }
 
 // volumeRoot is a directory for the case's PersistentVolumes, which the
