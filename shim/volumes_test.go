@@ -15,6 +15,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
 
@@ -380,16 +381,11 @@ func mountsUnder(t *testing.T, dir string) string {
 // container path, read-only when CRI's rule says so.
 func TestBlockVolume(t *testing.T) {
 	f := volumeFixture(t)
-	img := filepath.Join(t.TempDir(), "pvc")
-	if err := os.WriteFile(img, make([]byte, 1<<20), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command("losetup", "--find", "--show", img).Output()
+	dev, detach, err := testenv.AttachLoop(filepath.Join(t.TempDir(), "pvc"), 1<<20, "")
 	if err != nil {
-		t.Skipf("losetup: %v", err)
+		t.Skip(err)
 	}
-	dev := strings.TrimSpace(string(out))
-	t.Cleanup(func() { _ = exec.Command("losetup", "-d", dev).Run() })
+	t.Cleanup(func() { _ = detach() })
 	var st unix.Stat_t
 	if err := unix.Stat(dev, &st); err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -17,9 +18,17 @@ func AttachLoop(file string, size int64, first string) (dev string, detach func(
 	if err := os.WriteFile(file, data, 0o600); err != nil {
 		return "", nil, err
 	}
-	out, err := exec.Command("losetup", "--find", "--show", file).Output()
+	return AttachLoopFile(context.Background(), file)
+}
+
+// AttachLoopFile attaches an existing file as a loop device, with
+// losetup's options (such as --direct-io=on). detach gives the device
+// back.
+func AttachLoopFile(ctx context.Context, file string, options ...string) (dev string, detach func() error, err error) {
+	args := append([]string{"--find", "--show"}, options...)
+	out, err := exec.CommandContext(ctx, "losetup", append(args, file)...).Output()
 	if err != nil {
-		return "", nil, fmt.Errorf("losetup --find --show %s: %w", file, err)
+		return "", nil, fmt.Errorf("losetup %s: %w", strings.Join(append(args, file), " "), err)
 	}
 	dev = strings.TrimSpace(string(out))
 	return dev, func() error {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -204,16 +203,11 @@ func runVolumes(ctx context.Context, e *env) (_ *volumesResults, retErr error) {
 	if res.Loop == "buffered" {
 		dio = "--direct-io=off"
 	}
-	out, err := exec.CommandContext(ctx, "losetup", "--find", "--show", dio, blockFile).Output()
+	loop, detach, err := testenv.AttachLoopFile(ctx, blockFile, dio)
 	if err != nil {
-		return nil, fmt.Errorf("losetup: %w", err)
+		return nil, err
 	}
-	loop := strings.TrimSpace(string(out))
-	defer func() {
-		if out, err := exec.Command("losetup", "-d", loop).CombinedOutput(); err != nil {
-			retErr = errors.Join(retErr, fmt.Errorf("losetup -d %s: %v: %s", loop, err, out))
-		}
-	}()
+	defer func() { retErr = errors.Join(retErr, detach()) }()
 	l, err := testenv.ConnectLibvirt()
 	if err != nil {
 		return nil, err
