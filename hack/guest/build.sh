@@ -133,6 +133,7 @@ gobuild ./hack/ocipack "$OCIPACK"
 gobuild ./hack/guest/mkcpio "$MKCPIO"
 CGO_ENABLED=0 GOOS=linux GOARCH=amd64 gobuild ./hack/guest/pause "$WORK/bin/pause"
 CGO_ENABLED=0 GOOS=linux GOARCH=amd64 gobuild ./hack/guest/iobench "$WORK/bin/kvm-guest-iobench"
+CGO_ENABLED=0 GOOS=linux GOARCH=amd64 gobuild ./hack/guest/console "$WORK/bin/kvm-guest-console"
 
 # pack NAME OUTFILE OCIPACK-ARGS...: write an image archive unless it is
 # newer than the packer, this script and every -file source.
@@ -217,6 +218,7 @@ install -m 0755 hack/guest/init "$STAGE/init"
 install -m 0755 hack/guest/kvm-guest-probe "$STAGE/bin/kvm-guest-probe"
 install -m 0755 hack/guest/kvm-guest-discard "$STAGE/bin/kvm-guest-discard"
 install -m 0755 "$WORK/bin/kvm-guest-iobench" "$STAGE/bin/kvm-guest-iobench"
+install -m 0755 "$WORK/bin/kvm-guest-console" "$STAGE/bin/kvm-guest-console"
 for m in "${MODULES[@]}"; do
 	cp "${MODFILE[$m]}" "$STAGE/lib/modules/$KVER/$m.ko"
 done
