@@ -27,7 +27,7 @@ INTEGRATION_RUN     ?= .
 E2E_TIMEOUT ?= 60m
 E2E_RUN     ?= .
 
-.PHONY: help build install setup setup-demo images k8s unit fuzz integration soak e2e test demo bench bench-net bench-numa clean
+.PHONY: help build install setup setup-demo images guest-images k8s unit fuzz demo-test integration soak e2e test demo bench bench-net bench-numa clean
 
 help: ## Show this help
 	@awk 'BEGIN{FS=":.*## "} /^[a-z0-9-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -46,9 +46,11 @@ install: build ## Install the shim to $(PREFIX)/bin and a default config (kept i
 setup: ## Install host packages, start virtlogd and libvirtd, build containerd 2.x
 	hack/setup-host.sh
 
-images: ## Build the guest test images (OCI archives in _output/images), including the Debian cloud-init image
-	hack/guest/build.sh
+images: guest-images ## Build the guest test images (OCI archives in _output/images), including the Debian cloud-init image
 	hack/cloudimage/build.sh
+
+guest-images: ## Build the small busybox guest images only (what the demo boots)
+	hack/guest/build.sh
 
 unit: ## Run the unit tests (privileged ones skip unless root; includes a full cloud-init guest boot under TCG)
 	$(GO) test -timeout 20m ./...
@@ -71,9 +73,12 @@ k8s: ## Build the pinned kube-apiserver, kube-controller-manager, kubelet, kube-
 e2e: setup build images k8s ## Run the e2e tier: a private Kubernetes node drives VM pods through kubectl, on containerd 1.6 and 2.x
 	KVM_E2E_K8S_BIN="$$(hack/k8s/build.sh)" $(GO) test -tags e2e -count=1 -json -timeout $(E2E_TIMEOUT) -run '$(E2E_RUN)' ./integration/e2e/ | $(REPORT)
 
-test: setup build images unit integration e2e ## Set up the host, then run the unit, integration and e2e tests
+demo-test: setup build guest-images ## Drive `make demo` in a real terminal (tmux): boot, type, reboot, poweroff, interrupted demos
+	$(GO) test -tags demo -count=1 -json -timeout 20m ./integration/demo/ | $(REPORT)
 
-demo: setup-demo install images ## Set up, install, start containerd and boot the demo VM with its console here
+test: setup build images unit demo-test integration e2e ## Set up the host, then run the unit, demo, integration and e2e tests
+
+demo: setup-demo install guest-images ## Set up, install, start containerd and boot the demo VM with its console here
 	hack/demo.sh
 
 setup-demo: # the demo runs Debian's containerd 1.6 only: no containerd 2.x build

@@ -27,6 +27,7 @@ PACKAGES=(
 	libxml2-utils genisoimage ipxe
 	cloud-init debootstrap e2fsprogs fdisk iperf3 qemu-guest-agent
 	etcd-server iptables conntrack
+	tmux
 )
 # shellcheck disable=SC2206 # word splitting of the list is intended
 PACKAGES+=(${EXTRA_PACKAGES:-})
