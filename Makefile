@@ -76,7 +76,12 @@ e2e: setup build images k8s ## Run the e2e tier: a private Kubernetes node drive
 demo-test: setup build guest-images ## Drive `make demo` in a real terminal (tmux): boot, type, reboot, poweroff, interrupted demos
 	$(GO) test -tags demo -count=1 -json -timeout 20m ./integration/demo/ | $(REPORT)
 
-test: setup build images unit demo-test integration e2e ## Set up the host, then run the unit, demo, integration and e2e tests
+# The tiers of `make test`, in order; hack/tiers.sh runs each as its own
+# make and prints every tier's time at the end, also when one failed.
+TEST_TIERS ?= setup build images unit demo-test integration e2e
+
+test: ## Set up the host, then run the unit, integration and e2e tests; prints each tier's time
+	hack/tiers.sh $(TEST_TIERS)
 
 demo: setup-demo install guest-images ## Set up, install, start containerd and boot the demo VM with its console here
 	hack/demo.sh
