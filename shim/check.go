@@ -167,6 +167,19 @@ func Check(ctx context.Context, w io.Writer, args []string) int {
 // runtimeRegistered looks through a containerd config (version 2 or 3)
 // for any table with runtime_type = io.containerd.kvm.v1.
 func runtimeRegistered(path string) (bool, error) {
+	return runtimeRegisteredIn(path, 0)
+}
+
+// maxImportDepth bounds the imports runtimeRegistered follows: containerd
+// itself reads the imports of the main file only, but a loop of imports
+// must not hang check.
+const maxImportDepth = 4
+
+// runtimeRegisteredIn reads one containerd config file and the files its
+// `imports` name (globs; relative ones against the file's directory), as
+// containerd does: the Debian package puts the runtime in a drop-in under
+// /etc/containerd/conf.d on containerd 2.x.
+func runtimeRegisteredIn(path string, depth int) (bool, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return false, err
@@ -175,7 +188,32 @@ func runtimeRegistered(path string) (bool, error) {
 	if err := toml.Unmarshal(b, &doc); err != nil {
 		return false, fmt.Errorf("parse %s: %w", path, err)
 	}
-	return hasRuntimeType(doc), nil
+	if hasRuntimeType(doc) {
+		return true, nil
+	}
+	imports, _ := doc["imports"].([]any)
+	if depth >= maxImportDepth {
+		return false, nil
+	}
+	for _, imp := range imports {
+		pattern, ok := imp.(string)
+		if !ok {
+			continue
+		}
+		if !filepath.IsAbs(pattern) {
+			pattern = filepath.Join(filepath.Dir(path), pattern)
+		}
+		files, err := filepath.Glob(pattern)
+		if err != nil {
+			return false, fmt.Errorf("%s: imports %q: %w", path, pattern, err)
+		}
+		for _, f := range files {
+			if found, err := runtimeRegisteredIn(f, depth+1); err != nil || found {
+				return found, err
+			}
+		}
+	}
+	return false, nil
 }
 
 func hasRuntimeType(v any) bool {
