@@ -18,7 +18,7 @@ import (
 	"golang.org/x/crypto/ssh"
 )
 
-// Config drive annotations (README, configdrive/annotations.go).
+// Config drive annotations (docs/annotations.md, configdrive/annotations.go).
 const (
 	annUserData    = "kvm.containerd.io/user-data"
 	annSSHKeys     = "kvm.containerd.io/ssh-authorized-keys"

@@ -12,8 +12,8 @@ import (
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-// TestFaultRunning is the "running" row of the fault table (README
-// "Faults"): a CRI pod's VM runs, one component is killed with SIGKILL
+// TestFaultRunning is the "running" row of the fault table
+// (docs/faults.md): a CRI pod's VM runs, one component is killed with SIGKILL
 // and brought back the way the suite (containerd) or hack/setup-host.sh
 // (libvirtd, virtlogd) starts it. Where the component is not QEMU the VM
 // keeps running (the guest's uptime grows across the fault, no reboot),
@@ -196,7 +196,7 @@ func TestFaultBetweenCalls(t *testing.T) {
 // resandboxAndRemove is kubelet re-creating a pod's dead sandbox (same
 // uid, next attempt) and the pod then deleted: the removal of its last
 // live sandbox removes the pod's data, which a dead shim's cleanup
-// `delete` keeps (README "Limitations").
+// `delete` keeps (docs/limitations.md).
 func resandboxAndRemove(t *testing.T, cl *criClient, p *pod) *pod {
 	t.Helper()
 	cfg := *p.config

@@ -19,7 +19,7 @@ import (
 	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
 )
 
-// TestFaultInFlight: the rows of the fault table (README "Faults") where a
+// TestFaultInFlight: the rows of the fault table (docs/faults.md) where a
 // component dies while the shim is in the middle of a call. Through CRI,
 // StartContainer makes the task (the shim's Create) and starts it (the
 // shim's Start), and the task is deleted (the shim's Delete) as soon as
@@ -306,7 +306,7 @@ func deletingCell(t *testing.T, c *containerd, image string, cell inFlightCell) 
 // same pod uid with the container again (its guest boots, a stop ends
 // with 0), then the dead container and sandbox removed and the pod at the
 // end. The pod's data is removed with its last sandbox: a pod deleted
-// instead, whose shim is dead, keeps its disk (README "Limitations").
+// instead, whose shim is dead, keeps its disk (docs/limitations.md).
 // It returns the ids for the leftover check.
 func recoverDeadSandbox(t *testing.T, c *containerd, cl *criClient, v *podContainer, image string) []shimID {
 	t.Helper()

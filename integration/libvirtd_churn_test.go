@@ -49,7 +49,7 @@ const libvirtdLog = "/var/log/libvirt/libvirtd.log"
 // libvirtd has its pid, answers, logged no callback error, holds no
 // connection of a shim that ended, and nothing of the pods is left (after
 // the SIGKILL round once the pods/<uid>/ dirs a killed shim keeps on
-// purpose are removed, as the README's Limitations tell the operator).
+// purpose are removed, as docs/limitations.md tells the operator).
 func TestLibvirtdShimChurn(t *testing.T) {
 	s := requireKVM(t, "pause")
 	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
@@ -171,7 +171,7 @@ func removeChurnPods(t *testing.T, cl *criClient, ids []string) {
 // removePodDirs removes what a pod whose shim was killed keeps in the
 // shim's state dir: its pods/<uid>/ directory, kept on purpose (the
 // cleanup `delete` after a shim died cannot tell a deleted pod from one
-// kubelet will re-create; see the README's Limitations). It fails t if a
+// kubelet will re-create; see docs/limitations.md). It fails t if a
 // pod has none.
 func removePodDirs(t *testing.T, c *containerd, uids []string) {
 	t.Helper()

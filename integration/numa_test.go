@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// annNUMAMode chooses a VM's NUMA placement (README, shim/numa.go).
+// annNUMAMode chooses a VM's NUMA placement (docs/annotations.md, shim/numa.go).
 const annNUMAMode = "kvm.containerd.io/numa-mode"
 
 // TestCtrNUMA checks, on one containerd, that a VM is placed as its

@@ -31,7 +31,7 @@ import (
 // instead: the sweep of the next shim removes its domain definition and
 // runtime dir. At the end nothing of either is left, except the disk of
 // the deleted pod (a shim cannot tell a pod deleted while the node was
-// down from one kubelet has not re-created yet; README "Limitations").
+// down from one kubelet has not re-created yet; docs/limitations.md).
 //
 // libvirtd is the host's: the suite holds the integration lock, and
 // libvirtd is started again the way hack/setup-host.sh does.

@@ -144,7 +144,7 @@ func Check(ctx context.Context, w io.Writer, args []string) int {
 	if found, err := runtimeRegistered(*ctrdCfg); err != nil {
 		add(checkWarn, "containerd", "%v", err)
 	} else if !found {
-		add(checkWarn, "containerd", "%s declares no runtime with runtime_type = %q (see the README)", *ctrdCfg, RuntimeName)
+		add(checkWarn, "containerd", "%s declares no runtime with runtime_type = %q (see docs/install.md)", *ctrdCfg, RuntimeName)
 	} else {
 		add(checkOK, "containerd", "%s declares runtime_type %q", *ctrdCfg, RuntimeName)
 	}

@@ -21,7 +21,7 @@ import (
 const DefaultConfigPath = "/etc/containerd-shim-kvm-v1/config.toml"
 
 // Config is the shim's TOML configuration. Every field has a default; see
-// the README's configuration reference.
+// docs/configuration.md.
 type Config struct {
 	// LibvirtURI must be qemu:///system, the only driver supported.
 	LibvirtURI string `toml:"libvirt_uri"`

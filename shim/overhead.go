@@ -7,12 +7,12 @@ import "fmt"
 // reads): the RuntimeClass overhead.podFixed memory to declare, so that a
 // guest using all of its RAM stays within the pod's limit. Measured on
 // this project's test machine under TCG by `kvmbench -sections resources`
-// (README, "Overhead and RuntimeClass"): the largest overhead seen with
+// (docs/resources.md, "Overhead and RuntimeClass"): the largest overhead seen with
 // every guest page touched, plus a quarter, rounded up to 16 MiB. A host
 // with KVM needs less (no TCG translation cache).
 const PodFixedOverheadMiB = 144
 
 // overheadNote is `check`'s line on the overhead to declare.
 func overheadNote() string {
-	return fmt.Sprintf("declare RuntimeClass overhead.podFixed memory: %dMi (measured under TCG with all guest RAM touched; see the README)", PodFixedOverheadMiB)
+	return fmt.Sprintf("declare RuntimeClass overhead.podFixed memory: %dMi (measured under TCG with all guest RAM touched; see docs/resources.md)", PodFixedOverheadMiB)
 }

@@ -46,7 +46,8 @@ func (r StopReason) String() string {
 	return "unknown"
 }
 
-// Exit statuses of a VM task, see the README's table.
+// Exit statuses of a VM task, see the table in
+// docs/architecture.md.
 const (
 	ExitPoweroff  = 0
 	ExitDestroyed = 128 + 9 // like a process killed by SIGKILL

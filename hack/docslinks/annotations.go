@@ -1,0 +1,76 @@
+package docslinks
+
+import (
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+)
+
+// AnnotationPrefix is the prefix of the shim's own annotation keys.
+const AnnotationPrefix = "kvm.containerd.io/"
+
+var (
+	// A key written out in Go: "kvm.containerd.io/vcpus".
+	literalKey = regexp.MustCompile(`"kvm\.containerd\.io/([a-z0-9][a-z0-9.-]*)"`)
+	// A key built from the prefix constant: AnnotationPrefix + "user-data".
+	prefixedKey = regexp.MustCompile(`AnnotationPrefix\s*\+\s*"([a-z0-9][a-z0-9.-]*)"`)
+	// A key's heading in docs/annotations.md: ### kvm.containerd.io/vcpus
+	documentedKey = regexp.MustCompile("(?m)^###\\s+`?kvm\\.containerd\\.io/([a-z0-9][a-z0-9.-]*)`?\\s*$")
+)
+
+// CodeAnnotationKeys returns the kvm.containerd.io/* keys (without the
+// prefix) named in the non-test Go files below root, each with the files
+// that name it.
+func CodeAnnotationKeys(root string) (map[string][]string, error) {
+	keys := map[string][]string{}
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if p != root && skipDirs[d.Name()] {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(root, p)
+		if err != nil {
+			return err
+		}
+		for _, re := range []*regexp.Regexp{literalKey, prefixedKey} {
+			for _, m := range re.FindAllSubmatch(b, -1) {
+				k := string(m[1])
+				if n := len(keys[k]); n == 0 || keys[k][n-1] != rel {
+					keys[k] = append(keys[k], rel)
+				}
+			}
+		}
+		return nil
+	})
+	return keys, err
+}
+
+// DocumentedAnnotationKeys returns the keys that have a heading of their
+// own in the annotation reference at path.
+func DocumentedAnnotationKeys(path string) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var keys []string
+	for _, m := range documentedKey.FindAllSubmatch(b, -1) {
+		keys = append(keys, string(m[1]))
+	}
+	sort.Strings(keys)
+	return keys, nil
+}
