@@ -27,7 +27,7 @@ INTEGRATION_RUN     ?= .
 E2E_TIMEOUT ?= 60m
 E2E_RUN     ?= .
 
-.PHONY: help build install setup setup-demo images guest-images k8s unit fuzz demo-test integration soak e2e test demo bench bench-net bench-numa clean
+.PHONY: help build install setup setup-demo images guest-images k8s unit fuzz deb deb-test demo-test integration soak e2e test demo bench bench-net bench-numa clean
 
 help: ## Show this help
 	@awk 'BEGIN{FS=":.*## "} /^[a-z0-9-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -73,12 +73,18 @@ k8s: ## Build the pinned kube-apiserver, kube-controller-manager, kubelet, kube-
 e2e: setup build images k8s ## Run the e2e tier: a private Kubernetes node drives VM pods through kubectl, on containerd 1.6 and 2.x
 	KVM_E2E_K8S_BIN="$$(hack/k8s/build.sh)" $(GO) test -tags e2e -count=1 -json -timeout $(E2E_TIMEOUT) -run '$(E2E_RUN)' ./integration/e2e/ | $(REPORT)
 
+deb: build ## Build the Debian package (dpkg-deb) into _output/deb; DEB_VERSION overrides the version
+	deploy/deb/build.sh
+
+deb-test: setup build ## Build the Debian package, lintian it, install, upgrade, remove and purge it on this host
+	$(GO) test -tags deb -count=1 -json -timeout 10m ./integration/deb/ | $(REPORT)
+
 demo-test: setup build guest-images ## Drive `make demo` in a real terminal (tmux): boot, type, reboot, poweroff, interrupted demos
 	$(GO) test -tags demo -count=1 -json -timeout 20m ./integration/demo/ | $(REPORT)
 
 # The tiers of `make test`, in order; hack/tiers.sh runs each as its own
 # make and prints every tier's time at the end, also when one failed.
-TEST_TIERS ?= setup build images unit demo-test integration e2e
+TEST_TIERS ?= setup build images unit deb-test demo-test integration e2e
 
 test: ## Set up the host, then run the unit, integration and e2e tests; prints each tier's time
 	hack/tiers.sh $(TEST_TIERS)

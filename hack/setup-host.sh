@@ -27,7 +27,7 @@ PACKAGES=(
 	libxml2-utils genisoimage ipxe
 	cloud-init debootstrap e2fsprogs fdisk iperf3 qemu-guest-agent
 	etcd-server iptables conntrack
-	tmux
+	tmux lintian
 )
 # shellcheck disable=SC2206 # word splitting of the list is intended
 PACKAGES+=(${EXTRA_PACKAGES:-})
