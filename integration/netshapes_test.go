@@ -301,7 +301,7 @@ func probeTo(ip, target string, port int) (string, error) {
 // gateways and reaches the host through its default routes. In the Calico
 // pod, the network's bad inputs are refused first, leaving nothing. Nothing
 // is left once the pods are gone. TestCRICloudInit boots the Debian cloud
-// image in the same shapes.
+// image in the same shapes, each on one flavour.
 func TestCRINetworkShapes(t *testing.T) {
 	s := requireKVM(t, "kernel", "pause")
 	if s.cniErr != nil {
