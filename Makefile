@@ -26,8 +26,13 @@ INTEGRATION_RUN     ?= .
 # The e2e tier: one private Kubernetes node per containerd flavour.
 E2E_TIMEOUT ?= 60m
 E2E_RUN     ?= .
+# The static-analysis gate: golangci-lint at one pinned version, installed
+# with `go install` into a cache outside the repo and reused from there.
+GOLANGCI_LINT_VERSION ?= v2.15.0
+GOLANGCI_LINT_DIR     ?= /usr/local/lib/kvm-shim/golangci-lint-$(GOLANGCI_LINT_VERSION)
+GOLANGCI_LINT         := $(GOLANGCI_LINT_DIR)/golangci-lint
 
-.PHONY: help build install setup setup-demo images k8s unit fuzz integration soak e2e test demo bench bench-net bench-numa clean
+.PHONY: help build install setup setup-demo images k8s lint unit fuzz integration soak e2e test demo bench bench-net bench-numa clean
 
 help: ## Show this help
 	@awk 'BEGIN{FS=":.*## "} /^[a-z0-9-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -49,6 +54,13 @@ setup: ## Install host packages, start virtlogd and libvirtd, build containerd 2
 images: ## Build the guest test images (OCI archives in _output/images), including the Debian cloud-init image
 	hack/guest/build.sh
 	hack/cloudimage/build.sh
+
+$(GOLANGCI_LINT):
+	GOBIN=$(GOLANGCI_LINT_DIR) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+
+lint: $(GOLANGCI_LINT) ## Run golangci-lint (.golangci.yml, all build tags; installs the pinned version on first use)
+	$(GOLANGCI_LINT) run ./...
+	$(GOLANGCI_LINT) run --build-tags faultinject ./shim/...
 
 unit: ## Run the unit tests (privileged ones skip unless root; includes a full cloud-init guest boot under TCG)
 	$(GO) test -timeout 20m ./...
