@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	cgroup1stats "github.com/containerd/cgroups/v3/cgroup1/stats"
-	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/cgroup"

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/configdrive"

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"

@@ -4,9 +4,9 @@ import (
 	"fmt"
 
 	cgroup1stats "github.com/containerd/cgroups/v3/cgroup1/stats"
-	"github.com/containerd/containerd/errdefs"
 	runtimeoptions "github.com/containerd/containerd/pkg/runtimeoptions/v1"
 	"github.com/containerd/containerd/protobuf"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
 	"google.golang.org/protobuf/types/known/anypb"
 

@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/containerd/containerd/api/types/task"
-	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/anypb"

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	apitypes "github.com/containerd/containerd/api/types"
-	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/opencontainers/runtime-spec/specs-go/features"
 	"golang.org/x/sys/unix"

@@ -13,13 +13,16 @@ import (
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v2"
 	"github.com/containerd/containerd/api/types"
 	apitask "github.com/containerd/containerd/api/types/task"
-	"github.com/containerd/containerd/errdefs"
+	// Only for ToGRPC (the module at v0.3.0 has no gRPC mapping); the
+	// error classes come from github.com/containerd/errdefs, as everywhere.
+	errgrpc "github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/mount"
 	"github.com/containerd/containerd/namespaces"
 	"github.com/containerd/containerd/pkg/shutdown"
 	"github.com/containerd/containerd/protobuf"
 	ptypes "github.com/containerd/containerd/protobuf/types"
 	"github.com/containerd/containerd/runtime/v2/shim"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -113,7 +116,7 @@ func (s *service) RegisterTTRPC(server *ttrpc.Server) error {
 func (s *service) UnaryInterceptor() ttrpc.UnaryServerInterceptor {
 	return func(ctx context.Context, unmarshal ttrpc.Unmarshaler, info *ttrpc.UnaryServerInfo, method ttrpc.Method) (interface{}, error) {
 		resp, err := recoverCalls(ctx, unmarshal, info, method)
-		return resp, errdefs.ToGRPC(err)
+		return resp, errgrpc.ToGRPC(err)
 	}
 }
 

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/api/types/task"
-	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
