@@ -49,7 +49,7 @@ func FuzzAnnotations(f *testing.F) {
 			}
 			return
 		}
-		if err := o.Validate(); err != nil {
+		if err = o.Validate(); err != nil {
 			t.Fatalf("accepted options do not validate: %v", err)
 		}
 		if len(o.UserData) > MaxUserData {
@@ -59,8 +59,8 @@ func FuzzAnnotations(f *testing.F) {
 			t.Fatalf("%d keys, %d meta entries", len(o.PublicKeys), len(o.Meta))
 		}
 		for name, k := range o.PublicKeys {
-			if _, _, opts, rest, err := ssh.ParseAuthorizedKey([]byte(k)); err != nil || len(opts) > 0 || len(rest) > 0 || strings.ContainsAny(k, "\r\n") {
-				t.Fatalf("key %q = %q does not parse as one public key: %v", name, k, err)
+			if _, _, opts, rest, parseAuthorizedKeyErr := ssh.ParseAuthorizedKey([]byte(k)); parseAuthorizedKeyErr != nil || len(opts) > 0 || len(rest) > 0 || strings.ContainsAny(k, "\r\n") {
+				t.Fatalf("key %q = %q does not parse as one public key: %v", name, k, parseAuthorizedKeyErr)
 			}
 		}
 		for k, v := range o.Meta {

@@ -204,7 +204,7 @@ func TestCRIPodCgroup(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := waitLog(v.logPath, readyLine, bootTimeout); err != nil {
+		if err = waitLog(v.logPath, readyLine, bootTimeout); err != nil {
 			t.Fatal(err)
 		}
 		_, pid, err := c.taskStatus(nsCRI, cid)

@@ -179,8 +179,8 @@ func startingCell(t *testing.T, c *containerd, image string, cell inFlightCell) 
 	go func() {
 		ctx, cancel := criCtx()
 		defer cancel()
-		_, err := cl.Runtime.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: cid})
-		done <- err
+		_, startContainerErr := cl.Runtime.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: cid})
+		done <- startContainerErr
 	}()
 	held := h.waitHeld(t, done)
 	cell.kill(t, h, held, v)
@@ -219,8 +219,8 @@ func startingCell(t *testing.T, c *containerd, image string, cell inFlightCell) 
 				t.Fatalf("the container is %s, want RUNNING (the shim finished the start)", st.State)
 			}
 			cl.waitAgentCRI(t, cid, bootTimeout)
-			if err := cl.stopContainer(v); err != nil {
-				t.Error(err)
+			if stopContainerErr := cl.stopContainer(v); stopContainerErr != nil {
+				t.Error(stopContainerErr)
 			}
 		}
 		cl.stopAndRemovePod(t, p)

@@ -284,7 +284,7 @@ func probeTo(ip, target string, port int) (string, error) {
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
-	if _, err := fmt.Fprintf(conn, "%s %d\n", target, port); err != nil {
+	if _, err = fmt.Fprintf(conn, "%s %d\n", target, port); err != nil {
 		return "", err
 	}
 	got, err := bufio.NewReader(conn).ReadString('\n')

@@ -208,7 +208,7 @@ func (s *Server) serve(c *net.UnixConn) error {
 		return err
 	}
 	if s.onPeer != nil {
-		if err := s.onPeer(pid); err != nil {
+		if err = s.onPeer(pid); err != nil {
 			return err
 		}
 	}
@@ -338,8 +338,8 @@ func Fetch(path string) (Grant, []int, error) {
 	}
 	defer c.Close()
 	// Only the shim (root) hands out descriptors and names the emulator.
-	if cred, err := peerCred(c); err != nil {
-		return Grant{}, nil, fmt.Errorf("%s: %w", path, err)
+	if cred, peerCredErr := peerCred(c); peerCredErr != nil {
+		return Grant{}, nil, fmt.Errorf("%s: %w", path, peerCredErr)
 	} else if cred.Uid != 0 {
 		return Grant{}, nil, fmt.Errorf("%s is served by uid %d, not root", path, cred.Uid)
 	}

@@ -109,10 +109,10 @@ func TestHandoff(t *testing.T) {
 	if got := runFetchChild(t, SocketPath(dir, "dom1"), "guest=dom2,debug-threads=on", pidFile); !strings.HasPrefix(got, "FETCH-ERROR") {
 		t.Errorf("a process naming another domain: %s", got)
 	}
-	if err := s.Close(); err != nil {
+	if err = s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(SocketPath(dir, "dom1")); err == nil {
+	if _, err = os.Stat(SocketPath(dir, "dom1")); err == nil {
 		t.Error("socket left after Close")
 	}
 
@@ -196,7 +196,7 @@ func TestFetchRefusesNonRoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(bin, self, 0o755); err != nil {
+	if err = os.WriteFile(bin, self, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(dir, "dom1.sock")
@@ -207,7 +207,7 @@ func TestFetchRefusesNonRoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
+	if err = cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()

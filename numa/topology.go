@@ -99,11 +99,11 @@ func ReadTopology(root string) (*Topology, error) {
 		return nil, err
 	}
 
-	if _, err := os.Stat(sysNode); errors.Is(err, fs.ErrNotExist) {
+	if _, err = os.Stat(sysNode); errors.Is(err, fs.ErrNotExist) {
 		meminfo := filepath.Join(root, "proc/meminfo")
-		mem, err := readMemTotal(meminfo, "MemTotal:")
-		if err != nil {
-			return nil, err
+		mem, readMemTotalErr := readMemTotal(meminfo, "MemTotal:")
+		if readMemTotalErr != nil {
+			return nil, readMemTotalErr
 		}
 		return &Topology{Nodes: []Node{{ID: 0, CPUs: online, MemoryBytes: mem, Distances: []int{10}}}}, nil
 	} else if err != nil {

@@ -152,7 +152,7 @@ func FuzzReadRecord(f *testing.F) {
 		if r == nil {
 			t.Fatal("an existing record read as none")
 		}
-		if err := writeRecord(dir, r); err != nil {
+		if err = writeRecord(dir, r); err != nil {
 			t.Fatalf("write back: %v", err)
 		}
 		back, err := readRecord(dir)

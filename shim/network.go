@@ -115,7 +115,7 @@ func setupNetwork(ctx context.Context, h *host, netns string, sandboxNet *netfd.
 		return pn, nil, err
 	}
 	if sandboxNet != nil {
-		if err := pn.SameAs(*sandboxNet); err != nil {
+		if err = pn.SameAs(*sandboxNet); err != nil {
 			return pn, nil, err
 		}
 	}
@@ -141,23 +141,23 @@ func setupNetwork(ctx context.Context, h *host, netns string, sandboxNet *netfd.
 		})
 	}
 	// Every TAP is in the record before the first is made.
-	if err := record(n); err != nil {
+	if err = record(n); err != nil {
 		return pn, nil, err
 	}
 	for i, ifc := range pn.Interfaces {
 		tap := taps[i]
-		if err := netfd.CreateTAP(netns, tap); err != nil {
-			return pn, nil, fmt.Errorf("pod interface %s: %w", ifc.Name, err)
+		if createTAPErr := netfd.CreateTAP(netns, tap); createTAPErr != nil {
+			return pn, nil, fmt.Errorf("pod interface %s: %w", ifc.Name, createTAPErr)
 		}
 		undo.add(func() { _ = netfd.DeleteTAP(netns, tap.Name) })
-		created, err := netfd.Wire(netns, ifc.Name, tap.Name)
-		if err != nil {
-			return pn, nil, fmt.Errorf("pod interface %s: %w", ifc.Name, err)
+		created, wireErr := netfd.Wire(netns, ifc.Name, tap.Name)
+		if wireErr != nil {
+			return pn, nil, fmt.Errorf("pod interface %s: %w", ifc.Name, wireErr)
 		}
 		undo.add(func() { _ = netfd.Unwire(netns, ifc.Name, tap.Name, created) })
 		n.Links[i].CreatedQdisc = created
-		if err := record(n); err != nil {
-			return pn, nil, err
+		if recordErr := record(n); recordErr != nil {
+			return pn, nil, recordErr
 		}
 	}
 
@@ -170,15 +170,15 @@ func setupNetwork(ctx context.Context, h *host, netns string, sandboxNet *netfd.
 			return grant, nil, err
 		}
 		for _, tap := range taps {
-			q, err := netfd.OpenQueues(netns, tap, queues)
-			if err != nil {
-				return fail(err)
+			q, openQueuesErr := netfd.OpenQueues(netns, tap, queues)
+			if openQueuesErr != nil {
+				return fail(openQueuesErr)
 			}
 			files = append(files, netfd.NICFiles{TAP: q})
 			if vhost {
-				v, err := netfd.OpenVhost(queues)
-				if err != nil {
-					return fail(err)
+				v, openVhostErr := netfd.OpenVhost(queues)
+				if openVhostErr != nil {
+					return fail(openVhostErr)
 				}
 				files[len(files)-1].Vhost = v
 			}

@@ -64,7 +64,7 @@ func TestPanicInMethodBecomesInternalError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.RegisterTTRPC(server); err != nil {
+	if err = s.RegisterTTRPC(server); err != nil {
 		t.Fatal(err)
 	}
 	l, err := net.Listen("unix", filepath.Join(t.TempDir(), "s"))

@@ -76,7 +76,7 @@ func (t *vmTask) start(ctx context.Context) (int, error) {
 	name := t.rec.Domain
 	// Start with vCPUs stopped and attach to the console first, so the
 	// first line the guest prints reaches stdout.
-	if err := t.h.conn.Start(name, true); err != nil {
+	if err = t.h.conn.Start(name, true); err != nil {
 		closeAll(in, out)
 		return 0, err
 	}

@@ -716,21 +716,21 @@ func TestCreateVMTaskDirectKernel(t *testing.T) {
 		}
 	}
 	for p, want := range map[string]string{kernel: "boot/vmlinuz", initrd: "boot/initrd.img"} {
-		if b, err := os.ReadFile(p); err != nil || string(b) != want {
-			t.Errorf("%s: %q, %v", p, b, err)
+		if b, readFileErr := os.ReadFile(p); readFileErr != nil || string(b) != want {
+			t.Errorf("%s: %q, %v", p, b, readFileErr)
 		}
 	}
 	if !isMountPoint(t, kernel) {
 		t.Errorf("kernel %s is not a read-only bind mount", kernel)
 	}
-	if err := unix.Access(kernel, unix.W_OK); err != unix.EROFS {
+	if err = unix.Access(kernel, unix.W_OK); err != unix.EROFS {
 		t.Errorf("kernel %s writable: access(W_OK) = %v, want EROFS", kernel, err)
 	}
 	if isMountPoint(t, initrd) {
 		t.Errorf("initrd %s (mode 0600 in the image) was mounted, not copied", initrd)
 	}
-	if st, err := os.Stat(initrd); err != nil || st.Mode().Perm() != 0o644 {
-		t.Errorf("initrd copy: %v, %v; want mode 0644 for QEMU's user", st, err)
+	if st, statErr := os.Stat(initrd); statErr != nil || st.Mode().Perm() != 0o644 {
+		t.Errorf("initrd copy: %v, %v; want mode 0644 for QEMU's user", st, statErr)
 	}
 	rec, err := readRecord(f.bundle)
 	if err != nil || rec == nil || rec.Domain != vt.rec.Domain {

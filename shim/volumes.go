@@ -248,8 +248,8 @@ func prepareVolume(ctx context.Context, h *host, v volume, size int64, pin strin
 	case err == nil && !ist.Mode().IsRegular():
 		return nil, nil, fmt.Errorf("volume %s: %s is a %s, not a disk image file: %w", v.dest, img, fileKind(ist.Mode()), errdefs.ErrInvalidArgument)
 	case err == nil:
-		d, err := volumeImage(ctx, h, v, img, pin, undo)
-		return d, nil, err
+		d, volumeImageErr := volumeImage(ctx, h, v, img, pin, undo)
+		return d, nil, volumeImageErr
 	case !errors.Is(err, fs.ErrNotExist):
 		return nil, nil, fmt.Errorf("volume %s: %w", v.dest, err)
 	case size > 0:
@@ -273,17 +273,17 @@ func volumeImage(ctx context.Context, h *host, v volume, img, pin string, undo *
 		return nil, fmt.Errorf("volume %s: open %s: %v: %w", v.dest, diskImageName, err, errdefs.ErrInvalidArgument)
 	}
 	defer f.Close()
-	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("volume %s: %s is not a regular file (%v): %w", v.dest, img, err, errdefs.ErrInvalidArgument)
+	if st, statErr := f.Stat(); statErr != nil || !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("volume %s: %s is not a regular file (%v): %w", v.dest, img, statErr, errdefs.ErrInvalidArgument)
 	}
-	if err := os.MkdirAll(filepath.Dir(pin), 0o711); err != nil {
+	if err = os.MkdirAll(filepath.Dir(pin), 0o711); err != nil {
 		return nil, fmt.Errorf("volume %s: %w", v.dest, err)
 	}
 	mount := vm.BindFile
 	if v.readOnly {
 		mount = vm.MountReadOnly
 	}
-	if err := mount(f, pin); err != nil {
+	if err = mount(f, pin); err != nil {
 		return nil, fmt.Errorf("volume %s: %w", v.dest, err)
 	}
 	undo.add(func() { _ = vm.Unmount(pin) })
@@ -317,7 +317,7 @@ func createDiskImage(h *host, v volume, img string, size int64, undo *rollback) 
 		return fmt.Errorf("volume %s: annotation %s asks for a new %s on a read-only volume: %w", v.dest, AnnotationDiskImages, diskImageName, errdefs.ErrInvalidArgument)
 	}
 	var sfs unix.Statfs_t
-	if err := unix.Statfs(v.source, &sfs); err != nil {
+	if err = unix.Statfs(v.source, &sfs); err != nil {
 		return fmt.Errorf("volume %s: %w", v.dest, err)
 	}
 	if free := int64(sfs.Bavail) * sfs.Bsize; size > free {

@@ -210,7 +210,7 @@ func TestCreateWithVolumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	var d domainDevices
-	if err := xml.Unmarshal([]byte(f.fake.doms[vt.rec.Domain].xml), &d); err != nil {
+	if err = xml.Unmarshal([]byte(f.fake.doms[vt.rec.Domain].xml), &d); err != nil {
 		t.Fatal(err)
 	}
 	if len(d.Disks) != 3 { // the config drive and two volumes
@@ -387,7 +387,7 @@ func TestBlockVolume(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = detach() })
 	var st unix.Stat_t
-	if err := unix.Stat(dev, &st); err != nil {
+	if err = unix.Stat(dev, &st); err != nil {
 		t.Fatal(err)
 	}
 	major, minor := int64(unix.Major(st.Rdev)), int64(unix.Minor(st.Rdev))

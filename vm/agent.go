@@ -257,8 +257,8 @@ func classifySpawnError(path string, err error) error {
 // runs. The agent forgets a process once it reported its exit.
 func (a *Agent) Status(pid int) (exit Exit, done bool, err error) {
 	var r guestExecStatusReply
-	if err := a.call("guest-exec-status", guestExecStatusArgs{PID: pid}, &r); err != nil {
-		return Exit{}, false, err
+	if callErr := a.call("guest-exec-status", guestExecStatusArgs{PID: pid}, &r); callErr != nil {
+		return Exit{}, false, callErr
 	}
 	if !r.Exited {
 		return Exit{}, false, nil

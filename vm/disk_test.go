@@ -157,7 +157,7 @@ func TestEnsureOverlayKeepsDiskAcrossBasePaths(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.RemoveAll(filepath.Dir(first)); err != nil { // the first container's runtime dir is gone
+	if err = os.RemoveAll(filepath.Dir(first)); err != nil { // the first container's runtime dir is gone
 		t.Fatal(err)
 	}
 

@@ -147,7 +147,7 @@ func TestRenderGolden(t *testing.T) {
 			}
 			golden := filepath.Join("testdata", name+".xml")
 			if *update {
-				if err := os.WriteFile(golden, got, 0o644); err != nil {
+				if err = os.WriteFile(golden, got, 0o644); err != nil {
 					t.Fatal(err)
 				}
 			}

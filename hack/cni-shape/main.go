@@ -260,7 +260,7 @@ func ensureCiliumHost(name, gw string) error {
 	}
 	l, err := netlink.LinkByName(name)
 	if err != nil {
-		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "n"}); err != nil && !errors.Is(err, unix.EEXIST) {
+		if err = netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "n"}); err != nil && !errors.Is(err, unix.EEXIST) {
 			return fmt.Errorf("add %s: %w", name, err)
 		}
 		if l, err = netlink.LinkByName(name); err != nil {
@@ -304,10 +304,10 @@ func addNet1(pod *netlink.Handle, ns netns.NsHandle, nsPath string, r *result, i
 		return err
 	}
 	hostAddr := &netlink.Addr{IPNet: &net.IPNet{IP: net.IPv4(10, 90, v4[2], 254), Mask: net.CIDRMask(24, 32)}}
-	if err := netlink.AddrAdd(host, hostAddr); err != nil {
+	if err = netlink.AddrAdd(host, hostAddr); err != nil {
 		return err
 	}
-	if err := netlink.LinkSetUp(host); err != nil {
+	if err = netlink.LinkSetUp(host); err != nil {
 		return err
 	}
 	l, err := pod.LinkByName("net1")

@@ -330,7 +330,7 @@ func (e *env) sandboxNetns(t *testing.T, uid string) string {
 func (e *env) podLeftovers(uid, domain, netns string) []string {
 	var left []string
 	if l, err := testenv.ConnectLibvirt(); err == nil {
-		if _, err := l.DomainLookupByName(domain); err == nil {
+		if _, domainLookupByNameErr := l.DomainLookupByName(domain); domainLookupByNameErr == nil {
 			left = append(left, "libvirt domain "+domain)
 		}
 		_ = l.Disconnect()

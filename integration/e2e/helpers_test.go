@@ -331,7 +331,7 @@ func echo(addr, line string) error {
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.WriteString(conn, line+"\n"); err != nil {
+	if _, err = io.WriteString(conn, line+"\n"); err != nil {
 		return err
 	}
 	got, err := bufio.NewReader(conn).ReadString('\n')

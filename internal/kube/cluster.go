@@ -125,8 +125,8 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 		Kubeconfig: filepath.Join(o.Dir, "admin.kubeconfig"),
 	}
 	for _, d := range []string{o.Dir, c.PodLogsDir, c.KubeletDir, filepath.Join(o.Dir, "etcd")} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return nil, err
+		if mkdirAllErr := os.MkdirAll(d, 0o755); mkdirAllErr != nil {
+			return nil, mkdirAllErr
 		}
 	}
 	if c.PKI, err = newPKI(filepath.Join(o.Dir, "pki"), o.Node, o.NodeIP, serviceIP); err != nil {

@@ -82,14 +82,14 @@ func measureEvents(ctx context.Context, e *env, d *daemon, n int) (res eventsRes
 	}
 	defer cl.Close()
 	defer func() {
-		_, err := cl.RemoveAllPods(context.WithoutCancel(ctx))
+		_, removeAllPodsErr := cl.RemoveAllPods(context.WithoutCancel(ctx))
 		res.Leftovers = d.WaitNothingLeft(context.WithoutCancel(ctx), 2*goneTimeout)
 		if len(res.Leftovers) > 0 {
-			err = errors.Join(err, fmt.Errorf("left behind: %s", strings.Join(res.Leftovers, "; ")))
+			removeAllPodsErr = errors.Join(removeAllPodsErr, fmt.Errorf("left behind: %s", strings.Join(res.Leftovers, "; ")))
 		}
-		retErr = errors.Join(retErr, err)
+		retErr = errors.Join(retErr, removeAllPodsErr)
 	}()
-	if err := runIdlePods(ctx, cl, n); err != nil {
+	if err = runIdlePods(ctx, cl, n); err != nil {
 		return res, err
 	}
 	shims, err := waitConnected(ctx, d, n)

@@ -256,7 +256,7 @@ time="2026-11-22T13:16:02.184000000Z" level=info msg="started VM" pid=13968 took
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.WriteString(run); err != nil {
+	if _, err = f.WriteString(run); err != nil {
 		t.Fatal(err)
 	}
 	f.Close()

@@ -314,12 +314,12 @@ func criRun(ctx context.Context, d *daemon, i int, p *pathResult) (retErr error)
 	var pod *testenv.Pod
 	defer func() {
 		if pod != nil {
-			if err := cl.RemovePod(ctx, pod.ID); err != nil && retErr == nil {
-				retErr = err
+			if removePodErr := cl.RemovePod(ctx, pod.ID); removePodErr != nil && retErr == nil {
+				retErr = removePodErr
 			}
 		}
-		if err := waitGone(ctx, d); err != nil && retErr == nil {
-			retErr = err
+		if waitGoneErr := waitGone(ctx, d); waitGoneErr != nil && retErr == nil {
+			retErr = waitGoneErr
 		}
 	}()
 
@@ -335,13 +335,13 @@ func criRun(ctx context.Context, d *daemon, i int, p *pathResult) (retErr error)
 		return err
 	}
 	tCreate := time.Since(t0)
-	if err := cl.StartContainer(ctx, cid); err != nil {
+	if err = cl.StartContainer(ctx, cid); err != nil {
 		return err
 	}
 	tStart := time.Since(t0)
 	wctx, cancel := context.WithTimeout(ctx, runningTimeout)
 	defer cancel()
-	if _, err := cl.WaitContainerState(wctx, cid, cri.ContainerState_CONTAINER_RUNNING, statusPoll); err != nil {
+	if _, err = cl.WaitContainerState(wctx, cid, cri.ContainerState_CONTAINER_RUNNING, statusPoll); err != nil {
 		return err
 	}
 	start := time.Since(t0)
@@ -370,15 +370,15 @@ func captureTemplate(ctx context.Context, l *libvirt.Libvirt, d *daemon, rawDir 
 	}
 	defer tasks.Close()
 	defer func() {
-		if err := ctrRemove(ctx, d, tasks, id); err != nil && retErr == nil {
-			retErr = err
+		if ctrRemoveErr := ctrRemove(ctx, d, tasks, id); ctrRemoveErr != nil && retErr == nil {
+			retErr = ctrRemoveErr
 		}
 	}()
 	if r := d.Ctr(ctx, testenv.NamespaceDefault, "run", "-d", "--runtime", testenv.RuntimeKVM,
 		"--runtime-config-path", d.ShimConfigPath, d.kernelRef, id); r.Err != nil {
 		return nil, fmt.Errorf("%v", r)
 	}
-	if err := waitTask(ctx, tasks, id, "RUNNING"); err != nil {
+	if err = waitTask(ctx, tasks, id, "RUNNING"); err != nil {
 		return nil, err
 	}
 	xml, err := onlyShimDomainXML(l, d)
@@ -391,7 +391,7 @@ func captureTemplate(ctx context.Context, l *libvirt.Libvirt, d *daemon, rawDir 
 	}
 	vmDir := m[1]
 	filesDir := filepath.Join(rawDir, "files")
-	if err := copyVMFiles(vmDir, filesDir); err != nil {
+	if err = copyVMFiles(vmDir, filesDir); err != nil {
 		return nil, err
 	}
 	tmpl, err := baselineXML(xml, vmDir, filesDir, d.ShimStateDir)
@@ -466,12 +466,12 @@ func (b *baseline) run(ctx context.Context, i int, p *pathResult) (retErr error)
 	}
 	defer func() {
 		_ = b.l.DomainDestroy(dom)
-		if err := b.l.DomainUndefine(dom); err != nil && retErr == nil {
-			retErr = fmt.Errorf("undefine %s: %w", name, err)
+		if domainUndefineErr := b.l.DomainUndefine(dom); domainUndefineErr != nil && retErr == nil {
+			retErr = fmt.Errorf("undefine %s: %w", name, domainUndefineErr)
 		}
 	}()
 	tDefine := time.Since(t0)
-	if err := b.l.DomainCreate(dom); err != nil {
+	if err = b.l.DomainCreate(dom); err != nil {
 		return fmt.Errorf("create: %w", err)
 	}
 	tCreate := time.Since(t0)

@@ -210,16 +210,16 @@ func run(c *config) (retErr error) {
 	defer stop()
 
 	res := &results{Command: c.commandLine, Started: time.Now().UTC()}
-	facts, err := machineFacts(ctx, c)
+	machine, err := machineFacts(ctx, c)
 	if err != nil {
 		return err
 	}
-	res.Machine = facts
+	res.Machine = machine
 	res.Settings = settingsOf(c)
 
 	if c.needsDaemons() {
-		if err := measureOnHost(ctx, c, res); err != nil {
-			return err
+		if measureOnHostErr := measureOnHost(ctx, c, res); measureOnHostErr != nil {
+			return measureOnHostErr
 		}
 	}
 	if c.has("micro") && ctx.Err() == nil {
@@ -261,7 +261,7 @@ func measureOnHost(ctx context.Context, c *config, res *results) (retErr error) 
 	defer unlockIT()
 	if c.waitQuiet > 0 {
 		logf("waiting up to %v for the host to go quiet", c.waitQuiet)
-		if err := waitQuiet(ctx, c.waitQuiet, 30*time.Second); err != nil {
+		if err = waitQuiet(ctx, c.waitQuiet, 30*time.Second); err != nil {
 			if ctx.Err() != nil {
 				return err
 			}
@@ -271,8 +271,8 @@ func measureOnHost(ctx context.Context, c *config, res *results) (retErr error) 
 	}
 	e, err := setup(ctx, c)
 	defer func() {
-		if err := e.close(c.keep); err != nil {
-			retErr = errors.Join(retErr, err)
+		if closeErr := e.close(c.keep); closeErr != nil {
+			retErr = errors.Join(retErr, closeErr)
 		}
 	}()
 	stopMonitor := monitor(e.work)
@@ -284,9 +284,9 @@ func measureOnHost(ctx context.Context, c *config, res *results) (retErr error) 
 		return err
 	}
 	for _, d := range e.daemons {
-		v, err := d.Version(ctx)
-		if err != nil {
-			return err
+		v, versionErr := d.Version(ctx)
+		if versionErr != nil {
+			return versionErr
 		}
 		res.Machine.Containerd = append(res.Machine.Containerd, d.name()+": "+v)
 	}

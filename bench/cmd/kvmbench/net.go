@@ -82,7 +82,7 @@ func runNet(ctx context.Context, e *env) (_ *netResults, retErr error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(offCfg, append(b, []byte("vnet_hdr = false\n")...), 0o644); err != nil {
+	if err = os.WriteFile(offCfg, append(b, []byte("vnet_hdr = false\n")...), 0o644); err != nil {
 		return nil, err
 	}
 	l, err := testenv.ConnectLibvirt()
@@ -349,7 +349,7 @@ func measureGuest(ctx context.Context, con *consoleBuf, shell io.Writer, addr st
 	if m := featuresRE.FindStringSubmatch(out); m != nil {
 		features = m[1]
 	}
-	if _, err := io.WriteString(shell, "\niperf3 -s -D\n"); err != nil {
+	if _, err = io.WriteString(shell, "\niperf3 -s -D\n"); err != nil {
 		return fmt.Errorf("write to the guest's console: %w", err)
 	}
 	rx, err := iperf(ctx, addr, secs, false)
@@ -416,8 +416,8 @@ func shimNetRun(ctx context.Context, d *daemon, e *env, ref, cfg string, i int, 
 	if err != nil {
 		return "", err
 	}
-	if err := cmd.Start(); err != nil {
-		return "", err
+	if startErr := cmd.Start(); startErr != nil {
+		return "", startErr
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
@@ -434,7 +434,7 @@ func shimNetRun(ctx context.Context, d *daemon, e *env, ref, cfg string, i int, 
 		retErr = errors.Join(retErr, waitGone(ctx, d))
 	}()
 	if capture {
-		if _, err := con.waitFor(ctx, readyLine, 3*bootTimeout); err != nil {
+		if _, err = con.waitFor(ctx, readyLine, 3*bootTimeout); err != nil {
 			return "", err
 		}
 		if tmpl, err = bridgeTemplate(l, d, e); err != nil {
@@ -457,7 +457,7 @@ func bridgeTemplate(l *libvirt.Libvirt, d *daemon, e *env) (string, error) {
 		return "", errors.New("no console log in the shim's domain XML")
 	}
 	files := filepath.Join(e.rawDir, "net-files")
-	if err := copyVMFiles(m[1], files); err != nil {
+	if err = copyVMFiles(m[1], files); err != nil {
 		return "", err
 	}
 	x, err := baselineXML(xml, m[1], files, d.ShimStateDir)
@@ -496,7 +496,7 @@ func bridgeNetRun(ctx context.Context, l *libvirt.Libvirt, e *env, tmpl string, 
 		_ = l.DomainDestroy(dom)
 		retErr = errors.Join(retErr, l.DomainUndefine(dom))
 	}()
-	if err := l.DomainCreate(dom); err != nil {
+	if err = l.DomainCreate(dom); err != nil {
 		return fmt.Errorf("create: %w", err)
 	}
 	conn, err := net.DialTimeout("unix", filepath.Join(runDir, "console.sock"), 5*time.Second)

@@ -652,7 +652,7 @@ func rerender(path string) error {
 		return err
 	}
 	var r results
-	if err := json.Unmarshal(b, &r); err != nil {
+	if err = json.Unmarshal(b, &r); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	r.build()

@@ -122,7 +122,7 @@ func vmPod(ctx context.Context, d *daemon, cl *testenv.CRI, h cgroup.Hierarchies
 		if left := d.WaitNothingLeft(ctx, goneTimeout); len(left) > 0 {
 			errs = append(errs, fmt.Errorf("left behind: %s", strings.Join(left, "; ")))
 		}
-		if pg, err := h.Group(parent); err == nil {
+		if pg, groupErr := h.Group(parent); groupErr == nil {
 			errs = append(errs, pg.Remove())
 		}
 		return errors.Join(errs...)
@@ -134,8 +134,8 @@ func vmPod(ctx context.Context, d *daemon, cl *testenv.CRI, h cgroup.Hierarchies
 	if cid, err = cl.CreateContainer(ctx, p, o); err != nil {
 		return fail(err)
 	}
-	if err := cl.StartContainer(ctx, cid); err != nil {
-		return fail(err)
+	if startContainerErr := cl.StartContainer(ctx, cid); startContainerErr != nil {
+		return fail(startContainerErr)
 	}
 	if g, err = h.Group(parent + "/" + cid); err != nil {
 		return fail(err)

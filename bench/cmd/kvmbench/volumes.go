@@ -181,18 +181,18 @@ func runVolumes(ctx context.Context, e *env) (_ *volumesResults, retErr error) {
 		return nil, err
 	}
 	defer func() { retErr = errors.Join(retErr, os.RemoveAll(dir)) }()
-	if err := os.Chmod(dir, 0o755); err != nil {
+	if err = os.Chmod(dir, 0o755); err != nil {
 		return nil, err
 	}
 	span := int64(res.MiB) << 20
 	blockFile, share := filepath.Join(dir, "block"), filepath.Join(dir, "share")
-	if err := os.Mkdir(share, 0o755); err != nil {
+	if err = os.Mkdir(share, 0o755); err != nil {
 		return nil, err
 	}
 	// Written in full, so that no variant pays for allocating blocks.
 	for _, f := range []string{blockFile, filepath.Join(share, "kvm-guest-iobench.dat")} {
-		if err := writeFilled(f, span); err != nil {
-			return nil, err
+		if writeFilledErr := writeFilled(f, span); writeFilledErr != nil {
+			return nil, writeFilledErr
 		}
 	}
 	// Direct I/O by default: a PVC's block device has no host page cache

@@ -211,14 +211,14 @@ func (vm *rawVolumeVM) run(ctx context.Context, l *libvirt.Libvirt, h cgroup.Hie
 		_ = l.DomainDestroy(dom)
 		retErr = errors.Join(retErr, l.DomainUndefine(dom))
 	}()
-	if _, err := l.DomainCreateWithFlags(dom, uint32(libvirt.DomainStartPaused)); err != nil {
+	if _, err = l.DomainCreateWithFlags(dom, uint32(libvirt.DomainStartPaused)); err != nil {
 		return "", 0, fmt.Errorf("create: %w", err)
 	}
 	g, err := h.Group("/kvmbench/" + name)
 	if err != nil {
 		return "", 0, err
 	}
-	if _, err := g.Create(); err != nil {
+	if _, err = g.Create(); err != nil {
 		return "", 0, err
 	}
 	defer func() {

@@ -101,7 +101,7 @@ func TestRawVolumeDomain(t *testing.T) {
 	if *vm != want {
 		t.Errorf("parseShimDomain = %+v, want %+v", *vm, want)
 	}
-	if _, err := parseShimDomain(`<domain type='qemu'><memory unit='KiB'>1</memory><vcpu>1</vcpu></domain>`); err == nil {
+	if _, err = parseShimDomain(`<domain type='qemu'><memory unit='KiB'>1</memory><vcpu>1</vcpu></domain>`); err == nil {
 		t.Error("a domain without a kernel was taken")
 	}
 
@@ -125,7 +125,7 @@ func TestRawVolumeDomain(t *testing.T) {
 		Memory string `xml:"memory"`
 		VCPU   int    `xml:"vcpu"`
 	}
-	if err := xml.Unmarshal(out, &back); err != nil {
+	if err = xml.Unmarshal(out, &back); err != nil {
 		t.Fatal(err)
 	}
 	if back.Disk.Type != "block" || back.Disk.Driver.Cache != "none" || back.Disk.Driver.IO != "native" ||
