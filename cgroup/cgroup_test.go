@@ -29,6 +29,7 @@ const mountinfoV1Joined = `26 25 0:23 / /sys/fs/cgroup/cpu,cpuacct rw,relatime -
 29 25 0:26 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
 `
 
+//nolint:lll // a mountinfo line as the kernel writes it
 const mountinfoV2 = `35 24 0:30 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot
 `
 
@@ -37,7 +38,8 @@ func TestParseMountinfo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]string{"memory": "/sys/fs/cgroup/memory", "cpu": "/sys/fs/cgroup/cpu", "cpuacct": "/sys/fs/cgroup/cpuacct", "pids": "/sys/fs/cgroup/pids"}
+	want := map[string]string{"memory": "/sys/fs/cgroup/memory", "cpu": "/sys/fs/cgroup/cpu", "cpuacct": "/sys/fs/cgroup/cpuacct",
+		"pids": "/sys/fs/cgroup/pids"}
 	if h.Version() != 1 || len(h.V1) != len(want) {
 		t.Fatalf("v1 host: got %+v", h)
 	}
@@ -52,7 +54,8 @@ func TestParseMountinfo(t *testing.T) {
 		t.Fatal(err)
 	}
 	g, _ := h.Group("/kubepods/pod1/c1")
-	if dirs := g.Dirs(); len(dirs) != 2 || dirs[0] != "/sys/fs/cgroup/memory/kubepods/pod1/c1" || dirs[1] != "/sys/fs/cgroup/cpu,cpuacct/kubepods/pod1/c1" {
+	if dirs := g.Dirs(); len(dirs) != 2 || dirs[0] != "/sys/fs/cgroup/memory/kubepods/pod1/c1" ||
+		dirs[1] != "/sys/fs/cgroup/cpu,cpuacct/kubepods/pod1/c1" {
 		t.Errorf("joined cpu,cpuacct: dirs %q, want memory's and cpu,cpuacct's once each", dirs)
 	}
 
@@ -288,7 +291,8 @@ func TestV1Real(t *testing.T) {
 		if h.V1[c] == "" {
 			continue
 		}
-		if !strings.Contains(string(b), ":"+c+":"+g.Path+"\n") && !strings.Contains(string(b), ","+c+":"+g.Path+"\n") && !strings.Contains(string(b), ":"+c+",") {
+		if !strings.Contains(string(b), ":"+c+":"+g.Path+"\n") && !strings.Contains(string(b), ","+c+":"+g.Path+"\n") &&
+			!strings.Contains(string(b), ":"+c+",") {
 			t.Errorf("/proc/%d/cgroup has no %s:%s:\n%s", cmd.Process.Pid, c, g.Path, b)
 		}
 	}

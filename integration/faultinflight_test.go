@@ -291,7 +291,8 @@ func deletingCell(t *testing.T, c *containerd, image string, cell inFlightCell) 
 	}
 	st := cl.waitContainerState(t, v.cid, cri.ContainerState_CONTAINER_EXITED, stopTimeout)
 	if want := deletingExit(cell.component); st.ExitCode != want {
-		t.Errorf("the guest powered off, then %s died in the task's Delete: exit code %d reason %q, want %d", cell.component, st.ExitCode, st.Reason, want)
+		t.Errorf("the guest powered off, then %s died in the task's Delete: exit code %d reason %q, want %d", cell.component, st.ExitCode,
+			st.Reason, want)
 	}
 	if cell.component == "shim" {
 		assertNothingLeft(t, c, recoverDeadSandbox(t, c, cl, v, image)...)

@@ -507,7 +507,8 @@ func (c *containerd) checkNetfdRefuses(t *testing.T, v *netVM) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
 	out, err := runWithTimeout(cmd, 30*time.Second)
 	if err == nil || !strings.Contains(out, "network of "+v.domain) {
-		t.Errorf("the wrapper run as %s by a stranger (not libvirt's process for %s): %v, output:\n%s\nwant it refused (exit 1, \"network of %s: ...\")",
+		t.Errorf("the wrapper run as %s by a stranger (not libvirt's process for %s): %v, output:\n%s\nwant it refused (exit 1, \"network of "+
+			"%s: ...\")",
 			u.Username, v.domain, err, out, v.domain)
 	}
 

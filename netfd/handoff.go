@@ -135,7 +135,8 @@ func WithPeerHook(hook func(pid int) error) ServeOption {
 
 // Serve listens at SocketPath(dir, domain) until Close. It serves every
 // connection, so a restarted domain gets fresh descriptors.
-func Serve(ctx context.Context, dir, domain string, qemuUID, qemuGID int, pidDir string, provide Provider, opts ...ServeOption) (*Server, error) {
+func Serve(ctx context.Context, dir, domain string, qemuUID, qemuGID int, pidDir string, provide Provider,
+	opts ...ServeOption) (*Server, error) {
 	// The dirs are root's and only searchable by others: the QEMU user
 	// reaches its sockets by name but can neither list them nor remove or
 	// replace one (another VM's QEMU runs as the same user).

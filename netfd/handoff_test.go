@@ -100,9 +100,12 @@ func TestHandoff(t *testing.T) {
 	}
 
 	got := runFetchChild(t, SocketPath(dir, "dom1"), "guest=dom1,debug-threads=on", pidFile)
-	if !strings.HasPrefix(got, "FETCH-OK") || !strings.Contains(got, `"fds":3`) || !strings.Contains(got, `"nics":2`) || !strings.Contains(got, `"inheritable":true`) ||
-		!regexp.MustCompile(`-netdev tap,id=kvmnet0,fds=\d+:\d+ -device virtio-net-pci,netdev=kvmnet0,id=kvmnet0-dev,mac=02:00:00:00:00:01,bus=pcie.0,addr=0x10,mq=on,vectors=6 `+
-			`-netdev tap,id=kvmnet1,fds=\d+ -device virtio-net-pci,netdev=kvmnet1,id=kvmnet1-dev,mac=02:00:00:00:00:02,bus=pcie.0,addr=0x11"`).MatchString(got) {
+	if !strings.HasPrefix(got, "FETCH-OK") || !strings.Contains(got, `"fds":3`) || !strings.Contains(got, `"nics":2`) ||
+		!strings.Contains(got, `"inheritable":true`) ||
+		!regexp.MustCompile(`-netdev tap,id=kvmnet0,fds=\d+:\d+ `+
+			`-device virtio-net-pci,netdev=kvmnet0,id=kvmnet0-dev,mac=02:00:00:00:00:01,bus=pcie.0,addr=0x10,mq=on,vectors=6 `+
+			`-netdev tap,id=kvmnet1,fds=\d+ `+
+			`-device virtio-net-pci,netdev=kvmnet1,id=kvmnet1-dev,mac=02:00:00:00:00:02,bus=pcie.0,addr=0x11"`).MatchString(got) {
 		t.Errorf("the VM's own wrapper: %s", got)
 	}
 	// Another VM's process (same QEMU user) gets nothing.

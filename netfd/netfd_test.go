@@ -101,7 +101,8 @@ func addVeth(t *testing.T, name, mac string, addrs []string, routes ...*netlink.
 			return err
 		}
 		defer peer.Close()
-		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name, MTU: 1450, HardwareAddr: hw}, PeerName: "peer0", PeerNamespace: netlink.NsFd(peer)}
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name, MTU: 1450, HardwareAddr: hw}, PeerName: "peer0",
+			PeerNamespace: netlink.NsFd(peer)}
 		if err = h.LinkAdd(veth); err != nil {
 			return err
 		}
@@ -158,7 +159,8 @@ func TestInspectShapes(t *testing.T) {
 			addVeth(t, "net2", "02:00:00:00:00:03", []string{"192.168.2.2/24"}),
 			func(h *netlink.Handle) error {
 				l, _ := h.LinkByName("net2")
-				if err := h.RouteDel(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: ipNet("192.168.2.0/24"), Scope: netlink.SCOPE_LINK, Protocol: unix.RTPROT_KERNEL}); err != nil {
+				if err := h.RouteDel(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: ipNet("192.168.2.0/24"), Scope: netlink.SCOPE_LINK,
+					Protocol: unix.RTPROT_KERNEL}); err != nil {
 					return fmt.Errorf("delete prefix route: %w", err)
 				}
 				if err := h.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: ipNet("192.168.2.1/32"), Scope: netlink.SCOPE_LINK}); err != nil {
@@ -204,7 +206,8 @@ func TestInspectShapes(t *testing.T) {
 		t.Errorf("net2 (ptp) %v %v, want 192.168.2.2/32 (its prefix is not on-link) with both routes", ptp.Addrs, ptp.Routes)
 	}
 	if len(pn.Interfaces[3].Routes) != 0 || pn.Interfaces[3].Addrs[0].Bits() != 24 {
-		t.Errorf("net10 %v routes %v, want its /24 and no route (its prefix route is the kernel's)", pn.Interfaces[3].Addrs, pn.Interfaces[3].Routes)
+		t.Errorf("net10 %v routes %v, want its /24 and no route (its prefix route is the kernel's)", pn.Interfaces[3].Addrs,
+			pn.Interfaces[3].Routes)
 	}
 	// The same network is the same; another address is a change.
 	again, err := Inspect(path)
@@ -409,7 +412,8 @@ func TestDomainFromArgs(t *testing.T) {
 func TestGrantArgs(t *testing.T) {
 	g := Grant{NICs: []NIC{{NetdevID: "kvmnet0", MAC: "02:42:0a:4d:00:05", Bus: "pcie.0", Addr: "0x10", Queues: 2, VhostFDs: 2}}}
 	got := strings.Join(g.QEMUArgs([]int{3, 4, 5, 6}), " ")
-	want := "-netdev tap,id=kvmnet0,fds=3:4,vhost=on,vhostfds=5:6 -device virtio-net-pci,netdev=kvmnet0,id=kvmnet0-dev,mac=02:42:0a:4d:00:05,bus=pcie.0,addr=0x10,mq=on,vectors=6"
+	want := "-netdev tap,id=kvmnet0,fds=3:4,vhost=on,vhostfds=5:6 -device " +
+		"virtio-net-pci,netdev=kvmnet0,id=kvmnet0-dev,mac=02:42:0a:4d:00:05,bus=pcie.0,addr=0x10,mq=on,vectors=6"
 	if got != want {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}

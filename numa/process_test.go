@@ -201,7 +201,8 @@ func checkState(topo *Topology, ps []Placement) error {
 			}
 		}
 		if float64(floating) > p.CPUThreshold*float64(len(n.CPUs)-ded) {
-			return fmt.Errorf("node %d: %d floating vCPUs on %d shared CPUs is over cpu_threshold %g", n.ID, floating, len(n.CPUs)-ded, p.CPUThreshold)
+			return fmt.Errorf("node %d: %d floating vCPUs on %d shared CPUs is over cpu_threshold %g", n.ID, floating, len(n.CPUs)-ded,
+				p.CPUThreshold)
 		}
 		if float64(memMiB)*mib > p.MemThreshold*float64(n.MemoryBytes) {
 			return fmt.Errorf("node %d: %d MiB allocated of %d bytes is over mem_threshold %g", n.ID, memMiB, n.MemoryBytes, p.MemThreshold)

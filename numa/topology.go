@@ -56,7 +56,8 @@ func (t *Topology) Validate() error {
 	owner := map[int]int{}
 	for i, n := range t.Nodes {
 		if i > 0 && n.ID <= t.Nodes[i-1].ID {
-			return fmt.Errorf("topology nodes must be in ascending ID order without repeats, node %d follows node %d: %w", n.ID, t.Nodes[i-1].ID, errdefs.ErrInvalidArgument)
+			return fmt.Errorf("topology nodes must be in ascending ID order without repeats, node %d follows node %d: %w", n.ID, t.Nodes[i-1].ID,
+				errdefs.ErrInvalidArgument)
 		}
 		if n.ID < 0 {
 			return fmt.Errorf("topology node ID %d is negative: %w", n.ID, errdefs.ErrInvalidArgument)

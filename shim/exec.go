@@ -110,7 +110,8 @@ func (t *vmTask) addExec(ctx context.Context, execID string, io stdio, spec *any
 	if p.Cwd != "" && p.Cwd != "/" || p.User.UID != 0 {
 		// The user and directory are the container rootfs's, which the
 		// guest does not share: the agent runs commands as itself.
-		t.h.warnOnce("exec-user-cwd", "exec into a VM runs as the guest agent's user (root) in its working directory; the exec's user and cwd are not applied")
+		t.h.warnOnce("exec-user-cwd",
+			"exec into a VM runs as the guest agent's user (root) in its working directory; the exec's user and cwd are not applied")
 	}
 	e := &execProcess{
 		proc:  newProc(t.id, t.bundle, io, t.publish),

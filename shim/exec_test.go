@@ -207,7 +207,8 @@ func TestExecRefusesBadRequests(t *testing.T) {
 	if err := vt.pause(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := vt.addExec(ctx, "e2", stdio{}, processSpec(t, "sh")); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "paused") {
+	if _, err := vt.addExec(ctx, "e2", stdio{}, processSpec(t, "sh")); !errdefs.IsFailedPrecondition(err) ||
+		!strings.Contains(err.Error(), "paused") {
 		t.Errorf("exec in a paused VM: %v", err)
 	}
 	e, _ := vt.getExec("e1")
@@ -336,7 +337,8 @@ func TestServiceExecCalls(t *testing.T) {
 	if _, err := s.Exec(ctx, &taskAPI.ExecProcessRequest{ID: "vm1", ExecID: "e1", Spec: processSpec(t, "true")}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.ResizePty(ctx, &taskAPI.ResizePtyRequest{ID: "vm1", ExecID: "e1", Width: 80, Height: 24}); !errdefs.IsFailedPrecondition(err) {
+	if _, err := s.ResizePty(ctx,
+		&taskAPI.ResizePtyRequest{ID: "vm1", ExecID: "e1", Width: 80, Height: 24}); !errdefs.IsFailedPrecondition(err) {
 		t.Errorf("resize of an exec: %v", err)
 	}
 	if _, err := s.ResizePty(ctx, &taskAPI.ResizePtyRequest{ID: "vm1", Width: 80, Height: 24}); err != nil {

@@ -133,7 +133,8 @@ func checkSearchable(dir string) error {
 			return fmt.Errorf("state_dir %s: %w", dir, err)
 		}
 		if st.Mode().Perm()&0o001 == 0 {
-			return fmt.Errorf("state_dir %s: %s (mode %#o) is not searchable by the QEMU user; give it o+x or choose another state_dir", dir, d, st.Mode().Perm())
+			return fmt.Errorf("state_dir %s: %s (mode %#o) is not searchable by the QEMU user; give it o+x or choose another state_dir", dir, d,
+				st.Mode().Perm())
 		}
 		if d == "/" {
 			return nil

@@ -109,7 +109,8 @@ func netQueues(vcpus, maxQueues, nics int, vhost bool) int {
 // interfaces or addresses changed since is refused. record is given what
 // the next step makes before it is taken, and each step's undo goes on
 // undo as soon as it succeeds.
-func setupNetwork(ctx context.Context, h *host, netns string, sandboxNet *netfd.PodNetwork, domain, key string, vcpus int, record func(*vmNetwork) error, undo *rollback, fdOpts ...netfd.ServeOption) (netfd.PodNetwork, *netfd.Server, error) {
+func setupNetwork(ctx context.Context, h *host, netns string, sandboxNet *netfd.PodNetwork, domain, key string, vcpus int,
+	record func(*vmNetwork) error, undo *rollback, fdOpts ...netfd.ServeOption) (netfd.PodNetwork, *netfd.Server, error) {
 	pn, err := netfd.Inspect(netns)
 	if err != nil {
 		return pn, nil, err
@@ -261,13 +262,15 @@ func ipKernelArg(pn netfd.PodNetwork, dns []netip.Addr, hostname string) (arg st
 // inits); a direct-boot guest also gets ip= on its command line when ip=
 // can say it. Without a drive, a direct-boot guest whose network ip=
 // cannot express is refused, and a disk image is told nothing (logged).
-func guestNetworkPath(ctx context.Context, pn netfd.PodNetwork, dns []netip.Addr, ident vmIdentity, src vm.BootSource, set *vmSettings) error {
+func guestNetworkPath(ctx context.Context, pn netfd.PodNetwork, dns []netip.Addr, ident vmIdentity, src vm.BootSource,
+	set *vmSettings) error {
 	arg, why, ok := ipKernelArg(pn, dns, configdrive.SanitizeHostname(ident.name()))
 	switch {
 	case src.Kernel != "" && ok:
 		set.cmdline += " " + arg
 	case src.Kernel != "" && set.drive.Disabled:
-		return fmt.Errorf("annotation %s=false: a direct-boot guest without a config drive gets its network from the kernel's ip=, which cannot express this pod's network (%s): %w",
+		return fmt.Errorf("annotation %s=false: a direct-boot guest without a config drive gets its network from the kernel's ip=, which "+
+			"cannot express this pod's network (%s): %w",
 			configdrive.AnnotationEnabled, why, errdefs.ErrInvalidArgument)
 	case src.Kernel == "" && set.drive.Disabled:
 		log.G(ctx).WithField("vm", ident.DomainName()).Warn("no config drive (annotation " + configdrive.AnnotationEnabled +

@@ -280,7 +280,8 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	delete(s.tasks, r.ID)
 	s.mu.Unlock()
 	_, pid, status, at := t.base().snapshot()
-	s.events.send(&eventstypes.TaskDelete{ContainerID: r.ID, ID: r.ID, Pid: uint32(pid), ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)})
+	s.events.send(&eventstypes.TaskDelete{ContainerID: r.ID, ID: r.ID, Pid: uint32(pid), ExitStatus: status,
+		ExitedAt: protobuf.ToTimestamp(at)})
 	return &taskAPI.DeleteResponse{Pid: uint32(pid), ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)}, nil
 }
 

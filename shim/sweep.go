@@ -132,7 +132,8 @@ func sweep(ctx context.Context, l layout, conn sweeper, fdSocketDir string, rele
 			log.G(ctx).WithError(err).WithField("dir", dir).Warn("sweep: remove the runtime dir of no live VM")
 			continue
 		}
-		log.G(ctx).WithField("dir", dir).Info("sweep: removed the runtime dir of a VM whose shim and domain are gone (console log, config drive, mounts)")
+		log.G(ctx).WithField("dir",
+			dir).Info("sweep: removed the runtime dir of a VM whose shim and domain are gone (console log, config drive, mounts)")
 	}
 }
 

@@ -318,7 +318,8 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		WithField("vcpus", set.vcpus).WithField("memoryMiB", set.memMiB).
 		WithField("took", ph.String()).Info("defined VM")
 	return &vmTask{proc: newProc(r.id, r.bundle, r.stdio, publish), h: h, rec: rec, fdServer: fdServer, cgroup: cg,
-		shares: len(spec.Shares), vcpus: set.vcpus, plugged: set.vcpus, memMiB: set.memMiB, maxVCPUs: max(set.maxVCPUs, set.vcpus), mem: memSize}, nil
+		shares: len(spec.Shares), vcpus: set.vcpus, plugged: set.vcpus, memMiB: set.memMiB, maxVCPUs: max(set.maxVCPUs,
+			set.vcpus), mem: memSize}, nil
 }
 
 // abandonIfCallerGone undoes a VM task whose Create outlived its caller:

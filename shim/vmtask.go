@@ -167,7 +167,8 @@ func (t *vmTask) kill(ctx context.Context, sig uint32) error {
 			t.mu.Unlock()
 		}
 	default:
-		return fmt.Errorf("signal %d is not supported for a VM: SIGTERM, SIGINT or SIGPWR press the ACPI power button, SIGKILL destroys it: %w", sig, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("signal %d is not supported for a VM: SIGTERM, SIGINT or SIGPWR press the ACPI power button, SIGKILL destroys it: %w",
+			sig, errdefs.ErrInvalidArgument)
 	}
 	if errdefs.IsFailedPrecondition(err) || errdefs.IsNotFound(err) {
 		// The domain may have stopped between our check and libvirt's.

@@ -648,7 +648,8 @@ func TestCreateVMTaskBadInputLeavesNothing(t *testing.T) {
 		"bad vcpus":   {ann: map[string]string{AnnotationVCPUs: "-3"}, rootfs: true, want: AnnotationVCPUs},
 		"no VM image": {want: "/disk/"},
 		// 128 entries are allowed; the "namespace" key the shim adds makes 129.
-		"metadata full": {ann: map[string]string{configdrive.AnnotationMetadata: fullMetadata()}, rootfs: true, want: configdrive.AnnotationMetadata},
+		"metadata full": {ann: map[string]string{configdrive.AnnotationMetadata: fullMetadata()}, rootfs: true,
+			want: configdrive.AnnotationMetadata},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -710,7 +711,8 @@ func TestCreateVMTaskDirectKernel(t *testing.T) {
 	}
 	kernel, initrd := filepath.Join(vt.rec.VMDir, "vmlinuz"), filepath.Join(vt.rec.VMDir, "initrd")
 	x := f.fake.doms[vt.rec.Domain].xml
-	for _, want := range []string{"<cmdline>console=ttyS0 quiet</cmdline>", `<vcpu placement="static" current="2">4</vcpu>`, "<container-id>vm1</container-id>", kernel, initrd} {
+	for _, want := range []string{"<cmdline>console=ttyS0 quiet</cmdline>", `<vcpu placement="static" current="2">4</vcpu>`,
+		"<container-id>vm1</container-id>", kernel, initrd} {
 		if !strings.Contains(x, want) {
 			t.Errorf("domain XML lacks %s:\n%s", want, x)
 		}

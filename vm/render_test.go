@@ -102,7 +102,8 @@ func goldenCases() map[string]Spec {
 		{Name: "/dev/xvda", Path: "/dev/loop7", Block: true, Format: "raw", Serial: "dev-xvda"},
 		{Name: "/dev/xvdb", Path: "/dev/sdc", Block: true, Format: "raw", Serial: "dev-xvdb", ReadOnly: true},
 		{Name: "/data", Path: "/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~csi/pvc-1/mount/disk.img", Format: "qcow2", Serial: "data"},
-		{Name: "/scratch", Path: "/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~empty-dir/s/disk.img", Format: "raw", Serial: "scratch", HostCache: true},
+		{Name: "/scratch", Path: "/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~empty-dir/s/disk.img", Format: "raw", Serial: "scratch",
+			HostCache: true},
 	}
 	volumes.VirtiofsBinary = "/usr/lib/qemu/virtiofsd"
 	volumes.Shares = []Share{

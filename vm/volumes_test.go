@@ -54,7 +54,8 @@ func TestVolumesDefine(t *testing.T) {
 	full.VolumeDisks, full.Shares = nil, nil
 	full.ConfigDrive = &ConfigDrive{Path: "/c", Format: "vfat"}
 	for i := 0; i < MaxVolumeDisks; i++ {
-		full.VolumeDisks = append(full.VolumeDisks, VolumeDisk{Name: "/v", Path: fmt.Sprintf("/dev/loop%d", i), Block: true, Format: "raw", Serial: fmt.Sprint("d", i)})
+		full.VolumeDisks = append(full.VolumeDisks,
+			VolumeDisk{Name: "/v", Path: fmt.Sprintf("/dev/loop%d", i), Block: true, Format: "raw", Serial: fmt.Sprint("d", i)})
 	}
 	for i := 0; i < MaxShares; i++ {
 		full.Shares = append(full.Shares, Share{Name: "/s", Source: "/tmp", Tag: fmt.Sprint("s", i)})

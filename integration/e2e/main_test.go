@@ -248,7 +248,8 @@ func (s *testSuite) start(t *testing.T, name string) *env {
 func (e *env) stop(t *testing.T) {
 	ctx := context.Background()
 	if e.cluster != nil && e.cluster.Pid("kube-apiserver") != 0 {
-		if _, err := e.cluster.Kubectl(ctx, nil, "delete", "deployments,services,pods", "--all", "-n", "default", "--wait=true", "--timeout=2m"); err != nil {
+		if _, err := e.cluster.Kubectl(ctx, nil, "delete", "deployments,services,pods", "--all", "-n", "default", "--wait=true",
+			"--timeout=2m"); err != nil {
 			t.Errorf("delete the workloads: %v", err)
 		}
 		if left := e.ctd.WaitNothingLeft(ctx, sandboxGCTimeout); len(left) > 0 {

@@ -56,7 +56,9 @@ func TestSweepDeadRuns(t *testing.T) {
 	}
 	defer l.Disconnect()
 	name := fmt.Sprintf("kvm-sweep-test-%d", os.Getpid())
-	dom, err := l.DomainDefineXML(fmt.Sprintf(`<domain type='qemu'><name>%s</name><memory unit='MiB'>16</memory><os><type arch='x86_64'>hvm</type></os><devices><serial type='file'><source path='%s/console.log'/></serial></devices></domain>`, name, dead))
+	dom, err := l.DomainDefineXML(fmt.Sprintf(`<domain type='qemu'><name>%s</name><memory unit='MiB'>16</memory>`+
+		`<os><type arch='x86_64'>hvm</type></os>`+
+		`<devices><serial type='file'><source path='%s/console.log'/></serial></devices></domain>`, name, dead))
 	if err != nil {
 		t.Fatal(err)
 	}

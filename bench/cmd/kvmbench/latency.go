@@ -103,7 +103,8 @@ func runLatency(ctx context.Context, e *env) (*latencyResults, error) {
 	for _, d := range e.daemons {
 		ctrP := &pathResult{Key: "ctr-" + d.name(), Label: "ctr run -d, containerd " + d.name(), Flavour: d.name()}
 		criP := &pathResult{Key: "cri-" + d.name(), Label: "CRI sandbox+create+start, containerd " + d.name(), Flavour: d.name()}
-		runcP := &pathResult{Key: "ctr-runc-" + d.name(), Label: "reference: ctr run -d of the pause image with runc, containerd " + d.name(), Flavour: d.name(), Reference: true}
+		runcP := &pathResult{Key: "ctr-runc-" + d.name(), Label: "reference: ctr run -d of the pause image with runc, containerd " + d.name(),
+			Flavour: d.name(), Reference: true}
 		steps = append(steps,
 			step{ctrP, func(i int, p *pathResult) error { return ctrRun(ctx, d, i, p) }},
 			step{criP, func(i int, p *pathResult) error { return criRun(ctx, d, i, p) }},
@@ -438,7 +439,8 @@ func baselineXML(xml, vmDir, filesDir, stateDir string) (string, error) {
 	}
 	x = strings.ReplaceAll(x, vmDir+"/", filesDir+"/")
 	if strings.Contains(x, stateDir+"/") {
-		return "", fmt.Errorf("the domain XML still names the shim's state dir %s (a disk overlay?): only direct kernel boot images are supported", stateDir)
+		return "", fmt.Errorf("the domain XML still names the shim's state dir %s (a disk overlay?): "+
+			"only direct kernel boot images are supported", stateDir)
 	}
 	for _, ph := range []string{"@NAME@", "@UUID@", "@RUNDIR@/console.log"} {
 		if !strings.Contains(x, ph) {

@@ -402,7 +402,8 @@ func iperf(ctx context.Context, addr string, secs int, reverse bool) (float64, e
 // shimNetRun boots the iperf guest with ctr in a pod-like netns (made by
 // setup) through the shim with the given config, measures, and removes it. With capture, it
 // returns the bridge variant's template made from the shim's domain XML.
-func shimNetRun(ctx context.Context, d *daemon, e *env, ref, cfg string, i int, v *netVariant, setup func(context.Context) error, capture bool, l *libvirt.Libvirt) (tmpl string, retErr error) {
+func shimNetRun(ctx context.Context, d *daemon, e *env, ref, cfg string, i int, v *netVariant, setup func(context.Context) error,
+	capture bool, l *libvirt.Libvirt) (tmpl string, retErr error) {
 	if err := setup(ctx); err != nil {
 		return "", err
 	}

@@ -191,7 +191,8 @@ func (vm *rawVolumeVM) domainXML(name, uuid, dev, consoleLog, cmdline string) ([
 // libvirt leaves the cpu controller alone, so QEMU would otherwise stay in
 // the root cpu cgroup, where each of its threads weighs as much as a whole
 // pod group when other users load the cores.
-func (vm *rawVolumeVM) run(ctx context.Context, l *libvirt.Libvirt, h cgroup.Hierarchies, rawDir string, i int, dev, iobench string) (_ string, _ float64, retErr error) {
+func (vm *rawVolumeVM) run(ctx context.Context, l *libvirt.Libvirt, h cgroup.Hierarchies, rawDir string, i int, dev,
+	iobench string) (_ string, _ float64, retErr error) {
 	name := fmt.Sprintf("kvmbench-vol-%d-%d", os.Getpid(), i)
 	runDir := filepath.Join(rawDir, fmt.Sprintf("volumes-run-%d", i))
 	if err := os.MkdirAll(runDir, 0o755); err != nil {
