@@ -76,8 +76,8 @@ type execProcess struct {
 var _ taskRunner = (*execProcess)(nil)
 
 // addExec checks an exec request and registers it; nothing runs yet.
-func (t *vmTask) addExec(ctx context.Context, execID string, io stdio, spec *anypb.Any) (*execProcess, error) {
-	if io.Terminal {
+func (t *vmTask) addExec(ctx context.Context, execID string, streams stdio, spec *anypb.Any) (*execProcess, error) {
+	if streams.Terminal {
 		return nil, errTTY
 	}
 	if execID == "" {
@@ -93,10 +93,10 @@ func (t *vmTask) addExec(ctx context.Context, execID string, io stdio, spec *any
 	if p.Terminal {
 		return nil, errTTY
 	}
-	if err := checkStdio(io); err != nil {
+	if err := checkStdio(streams); err != nil {
 		return nil, err
 	}
-	if err := checkStdio(stdio{Stdout: io.Stderr}); err != nil {
+	if err := checkStdio(stdio{Stdout: streams.Stderr}); err != nil {
 		return nil, err
 	}
 	t.mu.Lock()
@@ -114,7 +114,7 @@ func (t *vmTask) addExec(ctx context.Context, execID string, io stdio, spec *any
 			"exec into a VM runs as the guest agent's user (root) in its working directory; the exec's user and cwd are not applied")
 	}
 	e := &execProcess{
-		proc:  newProc(t.id, t.bundle, io, t.publish),
+		proc:  newProc(t.id, t.bundle, streams, t.publish),
 		task:  t,
 		agent: t.agent,
 		cmd:   vm.Command{Path: p.Args[0], Args: p.Args[1:], Env: p.Env},

@@ -329,21 +329,21 @@ func (s *service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.
 	var st vm.Stats
 	if v, ok := t.(*vmTask); ok {
 		if v.cgroup != nil {
-			any, err := v.cgroupStats(ctx)
+			stats, err := v.cgroupStats(ctx)
 			if err != nil {
 				return nil, err
 			}
-			return &taskAPI.StatsResponse{Stats: any}, nil
+			return &taskAPI.StatsResponse{Stats: stats}, nil
 		}
 		if st, err = v.stats(ctx); err != nil {
 			return nil, err
 		}
 	}
-	any, err := metrics(st)
+	stats, err := metrics(st)
 	if err != nil {
 		return nil, err
 	}
-	return &taskAPI.StatsResponse{Stats: any}, nil
+	return &taskAPI.StatsResponse{Stats: stats}, nil
 }
 
 func (s *service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*taskAPI.ConnectResponse, error) {

@@ -399,13 +399,13 @@ func fileKind(m fs.FileMode) string {
 }
 
 // guestNames gives each volume the name the guest finds it by (a
-// virtio-blk serial, or a virtiofs tag) of at most max characters: the
+// virtio-blk serial, or a virtiofs tag) of at most maxLen characters: the
 // container path without its leading slash, other slashes as '-' and any
 // character outside [A-Za-z0-9_.+-] as '_' ("/etc/app" is "etc-app",
-// "/dev/xvda" is "dev-xvda"). A name longer than max, or one two volumes
-// would share ("/a-b" and "/a/b"), is its first max-9 characters, '-' and
+// "/dev/xvda" is "dev-xvda"). A name longer than maxLen, or one two volumes
+// would share ("/a-b" and "/a/b"), is its first maxLen-9 characters, '-' and
 // the first 8 hex digits of the SHA-256 of the container path.
-func guestNames(vols []volume, max int) []string {
+func guestNames(vols []volume, maxLen int) []string {
 	names := make([]string, len(vols))
 	count := map[string]int{}
 	for i, v := range vols {
@@ -413,9 +413,9 @@ func guestNames(vols []volume, max int) []string {
 		count[names[i]]++
 	}
 	for i, v := range vols {
-		if n := names[i]; len(n) > max || count[n] > 1 {
+		if n := names[i]; len(n) > maxLen || count[n] > 1 {
 			sum := sha256.Sum256([]byte(v.dest))
-			names[i] = n[:min(len(n), max-9)] + "-" + hex.EncodeToString(sum[:4])
+			names[i] = n[:min(len(n), maxLen-9)] + "-" + hex.EncodeToString(sum[:4])
 		}
 	}
 	return names

@@ -284,7 +284,8 @@ func (a *Agent) Status(pid int) (exit Exit, done bool, err error) {
 	return exit, true, nil
 }
 
-// ErrOutputLimit: a command wrote more than the agent can return.
+// ErrOutputLimit is the error of a command that wrote more than the agent
+// can return.
 var ErrOutputLimit = errors.New("exec output over the guest agent's limit")
 
 // Wait polls the process until it exits, backing off from a few

@@ -6,8 +6,8 @@ import "github.com/digitalocean/go-libvirt"
 type EventKind int
 
 const (
-	// EventReconnected: the connection to libvirtd was lost and is back.
-	// A domain may have changed meanwhile: re-read the state of every
+	// EventReconnected says the connection to libvirtd was lost and is
+	// back. A domain may have changed meanwhile: re-read the state of every
 	// domain.
 	EventReconnected EventKind = iota + 1
 )
@@ -22,6 +22,7 @@ type Event struct {
 type StopReason int
 
 const (
+	// StopUnknown is a reason libvirt did not give, or one not below.
 	StopUnknown   StopReason = iota
 	StopShutdown             // the guest powered off
 	StopDestroyed            // someone destroyed the domain

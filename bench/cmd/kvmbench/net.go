@@ -156,11 +156,11 @@ func buildIperfImage(ctx context.Context, e *env) (string, error) {
 		return "", err
 	}
 	for _, lib := range libs {
-		real, err := filepath.EvalSymlinks(lib)
+		resolved, err := filepath.EvalSymlinks(lib)
 		if err != nil {
 			return "", err
 		}
-		entries = append(entries, cpioEntry{name: lib, mode: 0o755, source: real})
+		entries = append(entries, cpioEntry{name: lib, mode: 0o755, source: resolved})
 	}
 	var buf bytes.Buffer
 	buf.Write(base)
