@@ -28,7 +28,7 @@ func configPath(options *anypb.Any) (string, error) {
 		return "", fmt.Errorf("runtime options of type %s are not for this runtime; use runtimeoptions.v1.Options with ConfigPath: %w",
 			options.GetTypeUrl(), errdefs.ErrInvalidArgument)
 	}
-	if o.ConfigBody != nil && len(o.ConfigBody) > 0 {
+	if len(o.ConfigBody) > 0 {
 		return "", fmt.Errorf("runtime options ConfigBody is not supported; use ConfigPath: %w", errdefs.ErrInvalidArgument)
 	}
 	return o.ConfigPath, nil

@@ -329,9 +329,9 @@ func (s *service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.
 	var st vm.Stats
 	if v, ok := t.(*vmTask); ok {
 		if v.cgroup != nil {
-			stats, err := v.cgroupStats(ctx)
-			if err != nil {
-				return nil, err
+			stats, statsErr := v.cgroupStats(ctx)
+			if statsErr != nil {
+				return nil, statsErr
 			}
 			return &taskAPI.StatsResponse{Stats: stats}, nil
 		}

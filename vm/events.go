@@ -21,14 +21,14 @@ type Event struct {
 // reasons.
 type StopReason int
 
+// The stop reasons.
 const (
-	// StopUnknown is a reason libvirt did not give, or one not below.
-	StopUnknown   StopReason = iota
-	StopShutdown             // the guest powered off
-	StopDestroyed            // someone destroyed the domain
-	StopCrashed              // libvirt says crashed: QEMU ended without the guest's power-off
-	StopFailed               // QEMU died or failed to start
-	StopOther                // saved, migrated, restored from snapshot
+	StopUnknown   StopReason = iota // a reason libvirt did not give, or one not below
+	StopShutdown                    // the guest powered off
+	StopDestroyed                   // someone destroyed the domain
+	StopCrashed                     // libvirt says crashed: QEMU ended without the guest's power-off
+	StopFailed                      // QEMU died or failed to start
+	StopOther                       // saved, migrated, restored from snapshot
 )
 
 func (r StopReason) String() string {

@@ -132,12 +132,11 @@ type placer interface {
 
 // result is what one placer did on one host.
 type result struct {
-	placer                          string
-	beforeFirstReject               int
-	admitted, rejected, split       int
-	worstImbalance, meanImbalance   float64 // max over nodes of |cpu-mem|, worst and averaged over events
-	worstMemSpread, worstCPUSpread  float64 // max-min over nodes
-	reserve, release, place, decide []time.Duration
+	placer                         string
+	beforeFirstReject              int
+	admitted, rejected, split      int
+	worstImbalance, meanImbalance  float64 // max over nodes of |cpu-mem|, worst and averaged over events
+	worstMemSpread, worstCPUSpread float64 // max-min over nodes
 }
 
 func simulate(p placer, sizes []vmSize, events []event) (result, error) {
