@@ -3,6 +3,7 @@ package shim
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -725,7 +726,7 @@ func TestCreateVMTaskDirectKernel(t *testing.T) {
 	if !isMountPoint(t, kernel) {
 		t.Errorf("kernel %s is not a read-only bind mount", kernel)
 	}
-	if err = unix.Access(kernel, unix.W_OK); err != unix.EROFS {
+	if err = unix.Access(kernel, unix.W_OK); !errors.Is(err, unix.EROFS) {
 		t.Errorf("kernel %s writable: access(W_OK) = %v, want EROFS", kernel, err)
 	}
 	if isMountPoint(t, initrd) {
