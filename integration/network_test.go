@@ -580,7 +580,7 @@ func runWithTimeout(cmd *exec.Cmd, timeout time.Duration) (string, error) {
 		return out.String(), err
 	case <-time.After(timeout):
 		_ = cmd.Process.Kill()
-		<-done
+		<-done //nolint:errcheck // the exit status of a process killed here
 		return out.String(), fmt.Errorf("%s still running after %v; killed", cmd.Path, timeout)
 	}
 }

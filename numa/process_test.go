@@ -329,7 +329,7 @@ func TestCrashMidUpdate(t *testing.T) {
 			if err = cmd.Start(); err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 			sc := bufio.NewScanner(stdout)
 			for sc.Scan() && sc.Text() != "STALLED" {
 			}

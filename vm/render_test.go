@@ -282,7 +282,9 @@ func TestCPUList(t *testing.T) {
 		var v []int
 		for _, f := range strings.Fields(in) {
 			n := 0
-			fmt.Sscan(f, &n)
+			if _, err := fmt.Sscan(f, &n); err != nil {
+				t.Fatal(err)
+			}
 			v = append(v, n)
 		}
 		if got := cpuList(v); got != want {

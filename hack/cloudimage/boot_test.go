@@ -331,8 +331,8 @@ func bootAndCheck(t *testing.T, format configdrive.Format) {
 	running := true
 	defer func() {
 		if running {
-			qemu.Process.Kill() // only the QEMU this test started
-			<-exited
+			_ = qemu.Process.Kill() // only the QEMU this test started
+			<-exited                //nolint:errcheck // the exit status of a QEMU killed here
 		}
 		if t.Failed() {
 			log, _ := os.ReadFile(logPath)

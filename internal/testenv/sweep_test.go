@@ -70,7 +70,7 @@ func TestSweepDeadRuns(t *testing.T) {
 		t.Error("the dead run's domain is still defined")
 	}
 	select {
-	case <-exited:
+	case <-exited: //nolint:errcheck // the exit status of the run the sweep killed
 	case <-time.After(5 * time.Second):
 		t.Error("the dead run's process is still alive")
 	}

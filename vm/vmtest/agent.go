@@ -141,8 +141,8 @@ func (g *FakeGuest) AgentCommand(domain string, cmd []byte, _ time.Duration) ([]
 		}
 		if a.Path == "kill" && len(a.Arg) == 2 {
 			var sig, pid int
-			fmt.Sscanf(a.Arg[0], "-%d", &sig)
-			fmt.Sscanf(a.Arg[1], "%d", &pid)
+			_, _ = fmt.Sscanf(a.Arg[0], "-%d", &sig) // a bad argument leaves 0: no such process
+			_, _ = fmt.Sscanf(a.Arg[1], "%d", &pid)
 			if p, ok := g.procs[pid]; ok {
 				p.Polls, p.Signal = 0, sig
 			}

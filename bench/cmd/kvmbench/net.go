@@ -425,10 +425,10 @@ func shimNetRun(ctx context.Context, d *daemon, e *env, ref, cfg string, i int, 
 	defer func() {
 		d.Ctr(ctx, testenv.NamespaceDefault, "task", "kill", "-s", "KILL", id)
 		select {
-		case <-exited:
+		case <-exited: //nolint:errcheck // the exit status of a container killed here
 		case <-time.After(goneTimeout):
 			_ = cmd.Process.Kill()
-			<-exited
+			<-exited //nolint:errcheck // the exit status of a process killed here
 			retErr = errors.Join(retErr, fmt.Errorf("ctr run %s did not exit after SIGKILL", id))
 		}
 		stdin.Close()
