@@ -83,7 +83,7 @@ k8s: ## Build the pinned kube-apiserver, kube-controller-manager, kubelet, kube-
 e2e: setup build images k8s ## Run the e2e tier: a private Kubernetes node drives VM pods through kubectl, on containerd 1.6 and 2.x
 	KVM_E2E_K8S_BIN="$$(hack/k8s/build.sh)" $(GO) test -tags e2e -count=1 -json -timeout $(E2E_TIMEOUT) -run '$(E2E_RUN)' ./integration/e2e/ | $(REPORT)
 
-test: setup build images unit integration e2e ## Set up the host, then run the unit, integration and e2e tests
+test: lint setup build images unit integration e2e ## Lint, set up the host, then run the unit, integration and e2e tests
 
 demo: setup-demo install images ## Set up, install, start containerd and boot the demo VM with its console here
 	hack/demo.sh
