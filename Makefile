@@ -26,8 +26,13 @@ INTEGRATION_RUN     ?= .
 # The e2e tier: one private Kubernetes node per containerd flavour.
 E2E_TIMEOUT ?= 60m
 E2E_RUN     ?= .
+# The static-analysis gate: golangci-lint at one pinned version, installed
+# with `go install` into a cache outside the repo and reused from there.
+GOLANGCI_LINT_VERSION ?= v2.15.0
+GOLANGCI_LINT_DIR     ?= /usr/local/lib/kvm-shim/golangci-lint-$(GOLANGCI_LINT_VERSION)
+GOLANGCI_LINT         := $(GOLANGCI_LINT_DIR)/golangci-lint
 
-.PHONY: help build install setup setup-demo images guest-images k8s unit fuzz deb deb-test demo-test integration soak e2e test demo bench bench-net bench-numa clean
+.PHONY: help build install setup setup-demo images guest-images k8s lint unit fuzz deb deb-test demo-test integration soak e2e test demo bench bench-net bench-numa clean
 
 help: ## Show this help
 	@awk 'BEGIN{FS=":.*## "} /^[a-z0-9-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -51,6 +56,13 @@ images: guest-images ## Build the guest test images (OCI archives in _output/ima
 
 guest-images: ## Build the small busybox guest images only (what the demo boots)
 	hack/guest/build.sh
+
+$(GOLANGCI_LINT):
+	GOBIN=$(GOLANGCI_LINT_DIR) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+
+lint: $(GOLANGCI_LINT) ## Run golangci-lint (.golangci.yml, all build tags; installs the pinned version on first use)
+	$(GOLANGCI_LINT) run ./...
+	$(GOLANGCI_LINT) run --build-tags faultinject ./shim/...
 
 unit: ## Run the unit tests (privileged ones skip unless root; includes a full cloud-init guest boot under TCG)
 	$(GO) test -timeout 20m ./...
@@ -84,9 +96,9 @@ demo-test: setup build guest-images ## Drive `make demo` in a real terminal (tmu
 
 # The tiers of `make test`, in order; hack/tiers.sh runs each as its own
 # make and prints every tier's time at the end, also when one failed.
-TEST_TIERS ?= setup build images unit deb-test demo-test integration e2e
+TEST_TIERS ?= lint setup build images unit deb-test demo-test integration e2e
 
-test: ## Set up the host, then run the unit, integration and e2e tests; prints each tier's time
+test: ## Lint, set up the host, then run the unit, package, demo, integration and e2e tests; prints each tier's time
 	hack/tiers.sh $(TEST_TIERS)
 
 demo: setup-demo install guest-images ## Set up, install, start containerd and boot the demo VM with its console here

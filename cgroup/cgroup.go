@@ -100,7 +100,8 @@ func ParseMountinfo(r io.Reader, root string) (Hierarchies, error) {
 	}
 	for _, c := range v1Required {
 		if h.V1[c] == "" {
-			return Hierarchies{}, fmt.Errorf("cgroup v1 controller %s is not mounted: a VM could not be charged to its pod: %w", c, errdefs.ErrFailedPrecondition)
+			return Hierarchies{}, fmt.Errorf("cgroup v1 controller %s is not mounted: a VM could not be charged to its pod: %w", c,
+				errdefs.ErrFailedPrecondition)
 		}
 	}
 	return h, nil

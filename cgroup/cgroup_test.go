@@ -29,6 +29,7 @@ const mountinfoV1Joined = `26 25 0:23 / /sys/fs/cgroup/cpu,cpuacct rw,relatime -
 29 25 0:26 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
 `
 
+//nolint:lll // a mountinfo line as the kernel writes it
 const mountinfoV2 = `35 24 0:30 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot
 `
 
@@ -37,7 +38,8 @@ func TestParseMountinfo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]string{"memory": "/sys/fs/cgroup/memory", "cpu": "/sys/fs/cgroup/cpu", "cpuacct": "/sys/fs/cgroup/cpuacct", "pids": "/sys/fs/cgroup/pids"}
+	want := map[string]string{"memory": "/sys/fs/cgroup/memory", "cpu": "/sys/fs/cgroup/cpu", "cpuacct": "/sys/fs/cgroup/cpuacct",
+		"pids": "/sys/fs/cgroup/pids"}
 	if h.Version() != 1 || len(h.V1) != len(want) {
 		t.Fatalf("v1 host: got %+v", h)
 	}
@@ -52,7 +54,8 @@ func TestParseMountinfo(t *testing.T) {
 		t.Fatal(err)
 	}
 	g, _ := h.Group("/kubepods/pod1/c1")
-	if dirs := g.Dirs(); len(dirs) != 2 || dirs[0] != "/sys/fs/cgroup/memory/kubepods/pod1/c1" || dirs[1] != "/sys/fs/cgroup/cpu,cpuacct/kubepods/pod1/c1" {
+	if dirs := g.Dirs(); len(dirs) != 2 || dirs[0] != "/sys/fs/cgroup/memory/kubepods/pod1/c1" ||
+		dirs[1] != "/sys/fs/cgroup/cpu,cpuacct/kubepods/pod1/c1" {
 		t.Errorf("joined cpu,cpuacct: dirs %q, want memory's and cpu,cpuacct's once each", dirs)
 	}
 
@@ -115,20 +118,20 @@ func TestV1FakeTree(t *testing.T) {
 	if err != nil || !created {
 		t.Fatalf("Create: %v, %v", created, err)
 	}
-	if again, err := g.Create(); err != nil || again {
-		t.Errorf("second Create: created %v, %v; want an existing group kept", again, err)
+	if again, createErr := g.Create(); createErr != nil || again {
+		t.Errorf("second Create: created %v, %v; want an existing group kept", again, createErr)
 	}
-	if err := g.Join(4242); err != nil {
+	if err = g.Join(4242); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range V1Controllers {
-		b, err := os.ReadFile(filepath.Join(h.V1[c], "kubepods/pod1/vm/cgroup.procs"))
-		if err != nil || !strings.Contains(string(b), "4242\n") {
-			t.Errorf("%s cgroup.procs = %q, %v; want 4242", c, b, err)
+		b, readFileErr := os.ReadFile(filepath.Join(h.V1[c], "kubepods/pod1/vm/cgroup.procs"))
+		if readFileErr != nil || !strings.Contains(string(b), "4242\n") {
+			t.Errorf("%s cgroup.procs = %q, %v; want 4242", c, b, readFileErr)
 		}
 	}
-	if pids, err := g.Procs(); err != nil || len(pids) != 1 || pids[0] != 4242 {
-		t.Errorf("Procs = %v, %v", pids, err)
+	if pids, procsErr := g.Procs(); procsErr != nil || len(pids) != 1 || pids[0] != 4242 {
+		t.Errorf("Procs = %v, %v", pids, procsErr)
 	}
 
 	files := map[string]string{
@@ -146,8 +149,8 @@ func TestV1FakeTree(t *testing.T) {
 	}
 	for f, v := range files {
 		c, name, _ := strings.Cut(f, "/")
-		if err := os.WriteFile(filepath.Join(h.V1[c], "kubepods/pod1/vm", name), []byte(v), 0o644); err != nil {
-			t.Fatal(err)
+		if writeFileErr := os.WriteFile(filepath.Join(h.V1[c], "kubepods/pod1/vm", name), []byte(v), 0o644); writeFileErr != nil {
+			t.Fatal(writeFileErr)
 		}
 	}
 	s, err := g.Stats()
@@ -188,18 +191,18 @@ func TestV2FakeTree(t *testing.T) {
 	// Each ancestor delegates memory, cpu and pids; the leaf holds QEMU
 	// and enables nothing (no internal processes).
 	for _, d := range []string{"", "kubepods", "kubepods/pod1"} {
-		b, err := os.ReadFile(filepath.Join(root, d, "cgroup.subtree_control"))
-		if err != nil || strings.TrimSpace(string(b)) != "+memory +cpu +pids" {
-			t.Errorf("%s/cgroup.subtree_control = %q, %v", d, b, err)
+		b, readFileErr := os.ReadFile(filepath.Join(root, d, "cgroup.subtree_control"))
+		if readFileErr != nil || strings.TrimSpace(string(b)) != "+memory +cpu +pids" {
+			t.Errorf("%s/cgroup.subtree_control = %q, %v", d, b, readFileErr)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(root, "kubepods/pod1/vm/cgroup.subtree_control")); err == nil {
+	if _, err = os.Stat(filepath.Join(root, "kubepods/pod1/vm/cgroup.subtree_control")); err == nil {
 		t.Error("the leaf's subtree_control was written")
 	}
-	if again, err := g.Create(); err != nil || again {
-		t.Errorf("second Create: created %v, %v", again, err)
+	if again, createErr := g.Create(); createErr != nil || again {
+		t.Errorf("second Create: created %v, %v", again, createErr)
 	}
-	if err := g.Join(77); err != nil {
+	if err = g.Join(77); err != nil {
 		t.Fatal(err)
 	}
 	if b, _ := os.ReadFile(filepath.Join(root, "kubepods/pod1/vm/cgroup.procs")); string(b) != "77\n" {
@@ -215,8 +218,8 @@ func TestV2FakeTree(t *testing.T) {
 		"pids.max":       "1000\n",
 	}
 	for f, v := range files {
-		if err := os.WriteFile(filepath.Join(root, "kubepods/pod1/vm", f), []byte(v), 0o644); err != nil {
-			t.Fatal(err)
+		if writeFileErr := os.WriteFile(filepath.Join(root, "kubepods/pod1/vm", f), []byte(v), 0o644); writeFileErr != nil {
+			t.Fatal(writeFileErr)
 		}
 	}
 	s, err := g.Stats()
@@ -254,8 +257,8 @@ func TestV1Real(t *testing.T) {
 		pg, _ := h.Group(parent)
 		_ = pg.Remove()
 	})
-	if created, err := g.Create(); err != nil || !created {
-		t.Fatalf("Create: %v, %v", created, err)
+	if created, createErr := g.Create(); createErr != nil || !created {
+		t.Fatalf("Create: %v, %v", created, createErr)
 	}
 	// The shell waits for a line, then works (charged after the move) and
 	// becomes sleep: one process in the group throughout.
@@ -264,7 +267,7 @@ func TestV1Real(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
+	if err = cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	done := false
@@ -274,10 +277,10 @@ func TestV1Real(t *testing.T) {
 			_ = cmd.Wait()
 		}
 	}()
-	if err := g.Join(cmd.Process.Pid); err != nil {
+	if err = g.Join(cmd.Process.Pid); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := stdin.Write([]byte("go\n")); err != nil {
+	if _, err = stdin.Write([]byte("go\n")); err != nil {
 		t.Fatal(err)
 	}
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/cgroup")
@@ -288,12 +291,13 @@ func TestV1Real(t *testing.T) {
 		if h.V1[c] == "" {
 			continue
 		}
-		if !strings.Contains(string(b), ":"+c+":"+g.Path+"\n") && !strings.Contains(string(b), ","+c+":"+g.Path+"\n") && !strings.Contains(string(b), ":"+c+",") {
+		if !strings.Contains(string(b), ":"+c+":"+g.Path+"\n") && !strings.Contains(string(b), ","+c+":"+g.Path+"\n") &&
+			!strings.Contains(string(b), ":"+c+",") {
 			t.Errorf("/proc/%d/cgroup has no %s:%s:\n%s", cmd.Process.Pid, c, g.Path, b)
 		}
 	}
-	if pids, err := g.Procs(); err != nil || len(pids) != 1 || pids[0] != cmd.Process.Pid {
-		t.Errorf("Procs = %v, %v; want [%d]", pids, err, cmd.Process.Pid)
+	if pids, procsErr := g.Procs(); procsErr != nil || len(pids) != 1 || pids[0] != cmd.Process.Pid {
+		t.Errorf("Procs = %v, %v; want [%d]", pids, procsErr, cmd.Process.Pid)
 	}
 	var s Stats
 	for end := time.Now().Add(20 * time.Second); ; {

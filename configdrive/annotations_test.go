@@ -41,11 +41,12 @@ func TestFromAnnotations(t *testing.T) {
 				t.Errorf("format = %q", o.Format)
 			}
 		}},
-		{name: "format annotation wins", ann: map[string]string{AnnotationFormat: " vfat "}, def: FormatISO9660, check: func(t *testing.T, o Options) {
-			if o.Format != FormatVFAT {
-				t.Errorf("format = %q", o.Format)
-			}
-		}},
+		{name: "format annotation wins", ann: map[string]string{AnnotationFormat: " vfat "}, def: FormatISO9660,
+			check: func(t *testing.T, o Options) {
+				if o.Format != FormatVFAT {
+					t.Errorf("format = %q", o.Format)
+				}
+			}},
 		{name: "unknown format", ann: map[string]string{AnnotationFormat: "ext4"}, wantErr: AnnotationFormat},
 		{name: "upper case format", ann: map[string]string{AnnotationFormat: "VFAT"}, wantErr: AnnotationFormat},
 		{name: "bad default format", def: Format("ntfs"), wantErr: `default config drive format "ntfs"`},
@@ -60,61 +61,79 @@ func TestFromAnnotations(t *testing.T) {
 			}
 		}},
 		{name: "enabled not a bool", ann: map[string]string{AnnotationEnabled: "maybe"}, wantErr: AnnotationEnabled},
-		{name: "plain user-data", ann: map[string]string{AnnotationUserData: "#cloud-config\nhostname: x\n"}, check: func(t *testing.T, o Options) {
-			if string(o.UserData) != "#cloud-config\nhostname: x\n" {
-				t.Errorf("user-data = %q", o.UserData)
-			}
-		}},
+		{name: "plain user-data", ann: map[string]string{AnnotationUserData: "#cloud-config\nhostname: x\n"},
+			check: func(t *testing.T, o Options) {
+				if string(o.UserData) != "#cloud-config\nhostname: x\n" {
+					t.Errorf("user-data = %q", o.UserData)
+				}
+			}},
 		{name: "plain user-data at the limit", ann: map[string]string{AnnotationUserData: atLimit}, check: func(t *testing.T, o Options) {
 			if len(o.UserData) != MaxUserData {
 				t.Errorf("user-data is %d bytes", len(o.UserData))
 			}
 		}},
-		{name: "plain user-data over the limit", ann: map[string]string{AnnotationUserData: overLimit}, wantErr: AnnotationUserData + ": user-data is 65537 bytes"},
-		{name: "base64 user-data", ann: map[string]string{AnnotationUserDataBase64: base64.StdEncoding.EncodeToString([]byte("\x00binary\xff"))}, check: func(t *testing.T, o Options) {
-			if string(o.UserData) != "\x00binary\xff" {
-				t.Errorf("user-data = %q", o.UserData)
-			}
-		}},
-		{name: "base64 user-data wrapped and unpadded", ann: map[string]string{AnnotationUserDataBase64: "aGVs\nbG8\n"}, check: func(t *testing.T, o Options) {
-			if string(o.UserData) != "hello" {
-				t.Errorf("user-data = %q", o.UserData)
-			}
-		}},
-		{name: "base64 user-data at the limit", ann: map[string]string{AnnotationUserDataBase64: base64.StdEncoding.EncodeToString([]byte(atLimit))}, check: func(t *testing.T, o Options) {
-			if len(o.UserData) != MaxUserData {
-				t.Errorf("user-data is %d bytes", len(o.UserData))
-			}
-		}},
-		{name: "base64 user-data over the limit", ann: map[string]string{AnnotationUserDataBase64: base64.StdEncoding.EncodeToString([]byte(overLimit))}, wantErr: AnnotationUserDataBase64},
-		{name: "base64 user-data far over the limit", ann: map[string]string{AnnotationUserDataBase64: strings.Repeat("QUFB", 1<<20)}, wantErr: AnnotationUserDataBase64},
-		{name: "bad base64", ann: map[string]string{AnnotationUserDataBase64: "not base64!"}, wantErr: AnnotationUserDataBase64 + ": not valid base64"},
+		{name: "plain user-data over the limit", ann: map[string]string{AnnotationUserData: overLimit}, wantErr: AnnotationUserData +
+			": user-data is 65537 bytes"},
+		{name: "base64 user-data", ann: map[string]string{AnnotationUserDataBase64: base64.StdEncoding.EncodeToString([]byte("\x00binary\xff"))},
+			check: func(t *testing.T, o Options) {
+				if string(o.UserData) != "\x00binary\xff" {
+					t.Errorf("user-data = %q", o.UserData)
+				}
+			}},
+		{name: "base64 user-data wrapped and unpadded", ann: map[string]string{AnnotationUserDataBase64: "aGVs\nbG8\n"},
+			check: func(t *testing.T, o Options) {
+				if string(o.UserData) != "hello" {
+					t.Errorf("user-data = %q", o.UserData)
+				}
+			}},
+		{name: "base64 user-data at the limit",
+			ann: map[string]string{AnnotationUserDataBase64: base64.StdEncoding.EncodeToString([]byte(atLimit))}, check: func(t *testing.T,
+				o Options) {
+				if len(o.UserData) != MaxUserData {
+					t.Errorf("user-data is %d bytes", len(o.UserData))
+				}
+			}},
+		{name: "base64 user-data over the limit",
+			ann:     map[string]string{AnnotationUserDataBase64: base64.StdEncoding.EncodeToString([]byte(overLimit))},
+			wantErr: AnnotationUserDataBase64},
+		{name: "base64 user-data far over the limit", ann: map[string]string{AnnotationUserDataBase64: strings.Repeat("QUFB", 1<<20)},
+			wantErr: AnnotationUserDataBase64},
+		{name: "bad base64", ann: map[string]string{AnnotationUserDataBase64: "not base64!"}, wantErr: AnnotationUserDataBase64 +
+			": not valid base64"},
 		{name: "both user-data forms", ann: map[string]string{AnnotationUserData: "a", AnnotationUserDataBase64: "YQ=="}, wantErr: "not both"},
-		{name: "empty plain with base64", ann: map[string]string{AnnotationUserData: "", AnnotationUserDataBase64: "YQ=="}, check: func(t *testing.T, o Options) {
-			if string(o.UserData) != "a" {
-				t.Errorf("user-data = %q", o.UserData)
-			}
-		}},
-		{name: "keys", ann: map[string]string{AnnotationSSHKeys: "# team keys\r\n" + testKeyEd25519 + "\r\n\n" + testKeyRSA + "\n" + testKeyRSA + " alice@example\n"}, check: func(t *testing.T, o Options) {
-			want := map[string]string{
-				"alice@example": testKeyEd25519,
-				"key-2":         testKeyRSA,
-				"key-3":         testKeyRSA + " alice@example",
-			}
-			if fmt.Sprint(o.PublicKeys) != fmt.Sprint(want) {
-				t.Errorf("keys = %v\nwant %v", o.PublicKeys, want)
-			}
-		}},
-		{name: "key name collides with key-N", ann: map[string]string{AnnotationSSHKeys: testKeyRSA + " key-2\n" + testKeyRSA}, check: func(t *testing.T, o Options) {
-			if len(o.PublicKeys) != 2 {
-				t.Errorf("keys = %v, want 2", o.PublicKeys)
-			}
-		}},
-		{name: "bad key", ann: map[string]string{AnnotationSSHKeys: testKeyEd25519 + "\nssh-rsa AAAAnotakey user"}, wantErr: AnnotationSSHKeys + ": line 2: not an OpenSSH public key"},
+		{name: "empty plain with base64", ann: map[string]string{AnnotationUserData: "", AnnotationUserDataBase64: "YQ=="},
+			check: func(t *testing.T, o Options) {
+				if string(o.UserData) != "a" {
+					t.Errorf("user-data = %q", o.UserData)
+				}
+			}},
+		{name: "keys",
+			ann: map[string]string{AnnotationSSHKeys: "# team keys\r\n" + testKeyEd25519 + "\r\n\n" + testKeyRSA + "\n" + testKeyRSA +
+				" alice@example\n"},
+			check: func(t *testing.T, o Options) {
+				want := map[string]string{
+					"alice@example": testKeyEd25519,
+					"key-2":         testKeyRSA,
+					"key-3":         testKeyRSA + " alice@example",
+				}
+				if fmt.Sprint(o.PublicKeys) != fmt.Sprint(want) {
+					t.Errorf("keys = %v\nwant %v", o.PublicKeys, want)
+				}
+			}},
+		{name: "key name collides with key-N", ann: map[string]string{AnnotationSSHKeys: testKeyRSA + " key-2\n" + testKeyRSA},
+			check: func(t *testing.T, o Options) {
+				if len(o.PublicKeys) != 2 {
+					t.Errorf("keys = %v, want 2", o.PublicKeys)
+				}
+			}},
+		{name: "bad key", ann: map[string]string{AnnotationSSHKeys: testKeyEd25519 + "\nssh-rsa AAAAnotakey user"}, wantErr: AnnotationSSHKeys +
+			": line 2: not an OpenSSH public key"},
 		{name: "truncated key", ann: map[string]string{AnnotationSSHKeys: testKeyEd25519[:60]}, wantErr: AnnotationSSHKeys},
 		{name: "private key", ann: map[string]string{AnnotationSSHKeys: "-----BEGIN OPENSSH PRIVATE KEY-----"}, wantErr: AnnotationSSHKeys},
-		{name: "key with options", ann: map[string]string{AnnotationSSHKeys: `command="/bin/sh -c 'rm -rf /'" ` + testKeyEd25519}, wantErr: "options are not supported"},
-		{name: "key with control characters", ann: map[string]string{AnnotationSSHKeys: testKeyEd25519 + "\x1b[31m"}, wantErr: "control characters"},
+		{name: "key with options", ann: map[string]string{AnnotationSSHKeys: `command="/bin/sh -c 'rm -rf /'" ` + testKeyEd25519},
+			wantErr: "options are not supported"},
+		{name: "key with control characters", ann: map[string]string{AnnotationSSHKeys: testKeyEd25519 + "\x1b[31m"},
+			wantErr: "control characters"},
 		{name: "too many keys", ann: map[string]string{AnnotationSSHKeys: manyKeys}, wantErr: "more than 128 keys"},
 		{name: "only comments", ann: map[string]string{AnnotationSSHKeys: "# nothing\n\n"}, check: func(t *testing.T, o Options) {
 			if o.PublicKeys != nil {
@@ -126,7 +145,8 @@ func TestFromAnnotations(t *testing.T) {
 				t.Errorf("meta = %v", o.Meta)
 			}
 		}},
-		{name: "metadata not an object", ann: map[string]string{AnnotationMetadata: `["a"]`}, wantErr: AnnotationMetadata + ": not a JSON object"},
+		{name: "metadata not an object", ann: map[string]string{AnnotationMetadata: `["a"]`}, wantErr: AnnotationMetadata +
+			": not a JSON object"},
 		{name: "metadata null", ann: map[string]string{AnnotationMetadata: `null`}, wantErr: AnnotationMetadata},
 		{name: "metadata string", ann: map[string]string{AnnotationMetadata: `"a"`}, wantErr: AnnotationMetadata},
 		{name: "metadata number value", ann: map[string]string{AnnotationMetadata: `{"a": 1}`}, wantErr: `value of "a" is not a string`},
@@ -134,7 +154,8 @@ func TestFromAnnotations(t *testing.T) {
 		{name: "metadata trailing data", ann: map[string]string{AnnotationMetadata: `{"a": "b"} {}`}, wantErr: "data after the object"},
 		{name: "metadata broken", ann: map[string]string{AnnotationMetadata: `{"a": `}, wantErr: AnnotationMetadata},
 		{name: "metadata empty key", ann: map[string]string{AnnotationMetadata: `{"": "x"}`}, wantErr: "empty key"},
-		{name: "metadata long value", ann: map[string]string{AnnotationMetadata: `{"a": "` + strings.Repeat("v", 256) + `"}`}, wantErr: "more than the limit of 255"},
+		{name: "metadata long value", ann: map[string]string{AnnotationMetadata: `{"a": "` + strings.Repeat("v", 256) + `"}`},
+			wantErr: "more than the limit of 255"},
 		{name: "metadata too many", ann: map[string]string{AnnotationMetadata: bigMeta}, wantErr: "more than the limit of 128"},
 		{name: "metadata blank", ann: map[string]string{AnnotationMetadata: "  "}, check: func(t *testing.T, o Options) {
 			if o.Meta != nil {

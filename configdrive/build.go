@@ -92,7 +92,7 @@ func Build(ctx context.Context, dir, out string, inst Instance, network *Network
 		return err
 	}
 	seed := make([]byte, randomSeedLen)
-	if _, err := rand.Read(seed); err != nil {
+	if _, err = rand.Read(seed); err != nil {
 		return fmt.Errorf("random seed: %w", err)
 	}
 	files, err := render(inst, network, opts, seed)
@@ -114,11 +114,11 @@ func Build(ctx context.Context, dir, out string, inst Instance, network *Network
 	tree := filepath.Join(stage, "root")
 	for _, f := range files {
 		p := filepath.Join(tree, filepath.FromSlash(f.path))
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			return err
+		if mkdirAllErr := os.MkdirAll(filepath.Dir(p), 0o755); mkdirAllErr != nil {
+			return mkdirAllErr
 		}
-		if err := os.WriteFile(p, f.data, 0o644); err != nil {
-			return err
+		if writeFileErr := os.WriteFile(p, f.data, 0o644); writeFileErr != nil {
+			return writeFileErr
 		}
 	}
 

@@ -9,6 +9,7 @@ package configdrive
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -93,7 +94,8 @@ func TestCloudInitReadsConfigDrive(t *testing.T) {
 	out, err := cmd.Output()
 	if err != nil {
 		var stderr []byte
-		if ee, ok := err.(*exec.ExitError); ok {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
 			stderr = ee.Stderr
 		}
 		t.Fatalf("cloud-init's ConfigDrive reader failed: %v\n%s%s", err, out, stderr)

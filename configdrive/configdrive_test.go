@@ -21,8 +21,9 @@ var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 // thrown away).
 const (
 	testKeyEd25519 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAeH9QSmKyJOekqxgvXkUnZ4Wut4vJ4VMkxqvdjJcu/n alice@example"
-	testKeyRSA     = "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAAAgQClONsJkvjcW3CyP5robsyActkQzuTLqvjMwOi73GoIEJM1c11Z9EbhrfdpJ+AAFq4DNeps/shUoe2uLfO6O+3yVPjIFAkcbaVcfhPN1UhtNfjDrwXnij+VpG39QaPXLwp2C4eRIDidailhfgZp8MKRO76l5JFHlZYYZ43B7P+tYw=="
-	testMAC        = "52:54:00:12:34:56"
+	testKeyRSA     = "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAAAgQClONsJkvjcW3CyP5robsyActkQzuTLqvjMwOi73GoIEJM1c11Z9EbhrfdpJ+AAFq4DNeps" +
+		"/shUoe2uLfO6O+3yVPjIFAkcbaVcfhPN1UhtNfjDrwXnij+VpG39QaPXLwp2C4eRIDidailhfgZp8MKRO76l5JFHlZYYZ43B7P+tYw=="
+	testMAC = "52:54:00:12:34:56"
 )
 
 // testInstance, testNetwork and testOptions are the "typical" drive used by
@@ -103,7 +104,8 @@ func TestMetaDataGolden(t *testing.T) {
 	if err := json.Unmarshal(md, &m); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"uuid", "hostname", "name", "public_keys", "keys", "launch_index", "availability_zone", "meta", "instance_type", "random_seed"} {
+	for _, k := range []string{"uuid", "hostname", "name", "public_keys", "keys", "launch_index", "availability_zone", "meta", "instance_type",
+		"random_seed"} {
 		if _, ok := m[k]; !ok {
 			t.Errorf("meta_data.json lacks %q", k)
 		}
@@ -261,7 +263,8 @@ func TestRenderLayout(t *testing.T) {
 	for _, f := range files {
 		paths = append(paths, f.path)
 	}
-	want := "kvm/network openstack/2018-08-27/meta_data.json openstack/2018-08-27/network_data.json openstack/2018-08-27/vendor_data.json openstack/2018-08-27/user_data " +
+	want := "kvm/network openstack/2018-08-27/meta_data.json openstack/2018-08-27/network_data.json openstack/2018-08-27/vendor_data.json " +
+		"openstack/2018-08-27/user_data " +
 		"openstack/latest/meta_data.json openstack/latest/network_data.json openstack/latest/vendor_data.json openstack/latest/user_data " +
 		"kvm/volumes"
 	if got := strings.Join(paths, " "); got != want {

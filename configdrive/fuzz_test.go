@@ -24,7 +24,8 @@ import (
 func FuzzAnnotations(f *testing.F) {
 	f.Add("", "", "", "", "", "")
 	f.Add("#cloud-config\nhostname: a\n", "", testKeyEd25519, `{"a":"b"}`, "vfat", "true")
-	f.Add("", base64.StdEncoding.EncodeToString([]byte("#!/bin/sh\necho hi\n")), testKeyRSA+"\n"+testKeyEd25519, `{"k":"v","x":""}`, "iso9660", "")
+	f.Add("", base64.StdEncoding.EncodeToString([]byte("#!/bin/sh\necho hi\n")), testKeyRSA+"\n"+testKeyEd25519, `{"k":"v","x":""}`, "iso9660",
+		"")
 	f.Add("x", "YQ==", "# c\n\n"+testKeyEd25519+" key-1\n"+testKeyRSA, `[]`, "ntfs", "maybe")
 	f.Add("", "aGVs\nbG8", `command="x" `+testKeyEd25519, `{"a":1}`, " vfat ", "0")
 	f.Add(strings.Repeat("u", MaxUserData), "", testKeyEd25519+" \xff\xfe", `{"\u00fc":"\ud800"}`, "", "false")
@@ -49,7 +50,7 @@ func FuzzAnnotations(f *testing.F) {
 			}
 			return
 		}
-		if err := o.Validate(); err != nil {
+		if err = o.Validate(); err != nil {
 			t.Fatalf("accepted options do not validate: %v", err)
 		}
 		if len(o.UserData) > MaxUserData {
@@ -59,8 +60,9 @@ func FuzzAnnotations(f *testing.F) {
 			t.Fatalf("%d keys, %d meta entries", len(o.PublicKeys), len(o.Meta))
 		}
 		for name, k := range o.PublicKeys {
-			if _, _, opts, rest, err := ssh.ParseAuthorizedKey([]byte(k)); err != nil || len(opts) > 0 || len(rest) > 0 || strings.ContainsAny(k, "\r\n") {
-				t.Fatalf("key %q = %q does not parse as one public key: %v", name, k, err)
+			if _, _, opts, rest, parseAuthorizedKeyErr := ssh.ParseAuthorizedKey([]byte(k)); parseAuthorizedKeyErr != nil || len(opts) > 0 ||
+				len(rest) > 0 || strings.ContainsAny(k, "\r\n") {
+				t.Fatalf("key %q = %q does not parse as one public key: %v", name, k, parseAuthorizedKeyErr)
 			}
 		}
 		for k, v := range o.Meta {

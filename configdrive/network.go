@@ -112,7 +112,8 @@ func (n *Network) AddLink(mac net.HardwareAddr, mtu int, addrs []netip.Prefix, r
 			}
 		}
 		if best < 0 {
-			return fmt.Errorf("route %v via %v on %s: the link has no address of the route's family: %w", r.Dst, r.Gateway, mac, errdefs.ErrInvalidArgument)
+			return fmt.Errorf("route %v via %v on %s: the link has no address of the route's family: %w", r.Dst, r.Gateway, mac,
+				errdefs.ErrInvalidArgument)
 		}
 		nets[best].Routes = append(nets[best].Routes, r)
 	}
@@ -131,7 +132,8 @@ func (n *Network) validate() error {
 	macs := map[string]string{}
 	for _, l := range n.Links {
 		if other, dup := macs[l.MAC.String()]; dup {
-			return fmt.Errorf("links %s and %s have the same MAC %s: the guest could not tell its NICs apart: %w", other, l.ID, l.MAC, errdefs.ErrInvalidArgument)
+			return fmt.Errorf("links %s and %s have the same MAC %s: the guest could not tell its NICs apart: %w", other, l.ID, l.MAC,
+				errdefs.ErrInvalidArgument)
 		}
 		macs[l.MAC.String()] = l.ID
 		if l.ID == "" {

@@ -86,7 +86,8 @@ func TestNetworkDataShapes(t *testing.T) {
 
 func TestNetworkRefuses(t *testing.T) {
 	n := calicoNetwork(t)
-	if err := n.AddLink(mustMAC(testMAC), 1500, []netip.Prefix{netip.MustParsePrefix("192.168.78.9/24")}, nil); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "same MAC") {
+	if err := n.AddLink(mustMAC(testMAC), 1500, []netip.Prefix{netip.MustParsePrefix("192.168.78.9/24")},
+		nil); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "same MAC") {
 		t.Errorf("a second link with the same MAC: %v", err)
 	}
 	if len(n.Links) != 2 || len(n.Networks) != 3 {

@@ -37,7 +37,7 @@ func TestRenderVolumes(t *testing.T) {
 		t.Errorf("%s = %q, want %q", VolumesFile, got[VolumesFile], want)
 	}
 	var vd map[string]string
-	if err := json.Unmarshal([]byte(got["openstack/latest/vendor_data.json"]), &vd); err != nil {
+	if err = json.Unmarshal([]byte(got["openstack/latest/vendor_data.json"]), &vd); err != nil {
 		t.Fatal(err)
 	}
 	wantCC := "#cloud-config\n" + `{"bootcmd":[["mkdir","-p","/etc/app"],["mount","-t","virtiofs","-o","ro","etc-app","/etc/app"],` +
@@ -87,7 +87,7 @@ func TestCloudInitMountsShares(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := filepath.Join(t.TempDir(), "vendor_data.json")
-	if err := os.WriteFile(f, vd, 0o644); err != nil {
+	if err = os.WriteFile(f, vd, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	const script = `

@@ -195,8 +195,8 @@ func TestCtrNoTun(t *testing.T) {
 	})
 	t.Cleanup(func() {
 		if c != nil {
-			if err := c.Stop(); err != nil {
-				t.Errorf("stop containerd %s: %v", f.Name, err)
+			if stopErr := c.Stop(); stopErr != nil {
+				t.Errorf("stop containerd %s: %v", f.Name, stopErr)
 			}
 		}
 	})

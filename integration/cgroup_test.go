@@ -109,7 +109,8 @@ func checkThreadsInCgroup(t *testing.T, h cgroup.Hierarchies, pid int, want stri
 				continue
 			}
 			if m[c] != want {
-				t.Errorf("QEMU pid %d thread %d (%s) is in %s cgroup %q, want the container's %q", pid, tid, strings.TrimSpace(string(name)), c, m[c], want)
+				t.Errorf("QEMU pid %d thread %d (%s) is in %s cgroup %q, want the container's %q", pid, tid, strings.TrimSpace(string(name)), c, m[c],
+					want)
 			}
 		}
 	}
@@ -204,7 +205,7 @@ func TestCRIPodCgroup(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := waitLog(v.logPath, readyLine, bootTimeout); err != nil {
+		if err = waitLog(v.logPath, readyLine, bootTimeout); err != nil {
 			t.Fatal(err)
 		}
 		_, pid, err := c.taskStatus(nsCRI, cid)
@@ -247,7 +248,8 @@ func TestCRIPodCgroup(t *testing.T) {
 			t.Fatal(err)
 		}
 		if ws := st.Memory.WorkingSetBytes.Value; ws < rssKiB*1024*9/10 || ws > stats.MemoryMaxUsage {
-			t.Errorf("ContainerStats working set %d bytes; QEMU's RssAnon is %d KiB and the cgroup's peak %d bytes", ws, rssKiB, stats.MemoryMaxUsage)
+			t.Errorf("ContainerStats working set %d bytes; QEMU's RssAnon is %d KiB and the cgroup's peak %d bytes", ws, rssKiB,
+				stats.MemoryMaxUsage)
 		}
 		if cpu := st.Cpu.UsageCoreNanoSeconds.Value; cpu > stats.CPUUsageNs+uint64(time.Second) {
 			t.Errorf("ContainerStats CPU %d ns is more than the cgroup's %d ns read after it", cpu, stats.CPUUsageNs)

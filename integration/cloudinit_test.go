@@ -240,7 +240,8 @@ func (c *containerd) checkCloudPod(t *testing.T, cl *criClient, cp *cloudPod, v 
 			target = ht.v6
 		}
 		if !contains(got["KVM-CLOUD-REACH-OK"], target) {
-			t.Errorf("cloud guest (%s) did not reach the host at %s through its default route (REACH-FAIL %q)", ip, target, got["KVM-CLOUD-REACH-FAIL"])
+			t.Errorf("cloud guest (%s) did not reach the host at %s through its default route (REACH-FAIL %q)", ip, target,
+				got["KVM-CLOUD-REACH-FAIL"])
 		}
 	}
 	for _, ip := range append(cp.ips, net1Addrs(t, netns)...) {

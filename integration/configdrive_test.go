@@ -269,7 +269,7 @@ func checkISOVolumeID(t *testing.T, file, want string) {
 	if got := strings.TrimRight(string(b[pvd+40:pvd+72]), " "); got != want {
 		t.Errorf("%s: volume id %q at offset %d, want %q", file, got, pvd+40, want)
 	}
-	if _, err := exec.LookPath("isoinfo"); err != nil {
+	if _, err = exec.LookPath("isoinfo"); err != nil {
 		return
 	}
 	out, err := exec.Command("isoinfo", "-d", "-i", file).CombinedOutput()

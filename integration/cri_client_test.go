@@ -70,7 +70,8 @@ func (c *containerd) runPodIn(t *testing.T, cl *criClient, name, handler string,
 
 // runPodFull runs a pod with its DNS configuration (nil: the host's) and
 // cgroup parent ("" for none).
-func (c *containerd) runPodFull(t *testing.T, cl *criClient, name, handler string, annotations map[string]string, dns *cri.DNSConfig, cgroupParent string) *pod {
+func (c *containerd) runPodFull(t *testing.T, cl *criClient, name, handler string, annotations map[string]string, dns *cri.DNSConfig,
+	cgroupParent string) *pod {
 	t.Helper()
 	uid := fmt.Sprintf("%s-%d", name, time.Now().UnixNano())
 	logDir := filepath.Join(c.Dir, "pods", uid)
@@ -192,7 +193,8 @@ func (c *containerd) startPodContainer(t *testing.T, cl *criClient, name, handle
 
 // startPodContainerWith is startPodContainer with pod annotations (CRI
 // passes those listed in pod_annotations on to the container's spec).
-func (c *containerd) startPodContainerWith(t *testing.T, cl *criClient, name, handler, image string, podAnnotations map[string]string) *podContainer {
+func (c *containerd) startPodContainerWith(t *testing.T, cl *criClient, name, handler, image string,
+	podAnnotations map[string]string) *podContainer {
 	t.Helper()
 	p := c.runPod(t, cl, name, handler, podAnnotations)
 	cfg := containerConfig("vm", image, nil)

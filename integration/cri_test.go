@@ -103,12 +103,12 @@ func TestCRIRestartKeepsDisk(t *testing.T) {
 			t.Fatalf("the pod's disk: %v", err)
 		}
 		oldBase := backingFile(t, overlay)
-		if err := cl.stopContainer(v); err != nil {
+		if err = cl.stopContainer(v); err != nil {
 			t.Fatal(err)
 		}
-		if err := poll(stopTimeout, func() (bool, string) {
-			_, err := os.Stat(oldBase)
-			return errors.Is(err, fs.ErrNotExist), fmt.Sprintf("the exited container's image is still at %s", oldBase)
+		if err = poll(stopTimeout, func() (bool, string) {
+			_, statErr := os.Stat(oldBase)
+			return errors.Is(statErr, fs.ErrNotExist), fmt.Sprintf("the exited container's image is still at %s", oldBase)
 		}); err != nil {
 			t.Fatal(err)
 		}
@@ -127,7 +127,7 @@ func TestCRIRestartKeepsDisk(t *testing.T) {
 		if err != nil {
 			t.Fatalf("StartContainer, attempt 1: %v", err)
 		}
-		if err := waitLog(again.logPath, readyLine, bootTimeout); err != nil {
+		if err = waitLog(again.logPath, readyLine, bootTimeout); err != nil {
 			t.Fatal(err)
 		}
 		after, err := os.Stat(overlay)

@@ -72,7 +72,7 @@ func openPty(t *testing.T) (master, slave *os.File) {
 		t.Fatal(err)
 	}
 	fd := int(master.Fd())
-	if err := unix.IoctlSetPointerInt(fd, unix.TIOCSPTLCK, 0); err != nil {
+	if err = unix.IoctlSetPointerInt(fd, unix.TIOCSPTLCK, 0); err != nil {
 		t.Fatalf("unlock pty: %v", err)
 	}
 	n, err := unix.IoctlGetInt(fd, unix.TIOCGPTN)

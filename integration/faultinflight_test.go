@@ -179,8 +179,8 @@ func startingCell(t *testing.T, c *containerd, image string, cell inFlightCell) 
 	go func() {
 		ctx, cancel := criCtx()
 		defer cancel()
-		_, err := cl.Runtime.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: cid})
-		done <- err
+		_, startContainerErr := cl.Runtime.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: cid})
+		done <- startContainerErr
 	}()
 	held := h.waitHeld(t, done)
 	cell.kill(t, h, held, v)
@@ -219,8 +219,8 @@ func startingCell(t *testing.T, c *containerd, image string, cell inFlightCell) 
 				t.Fatalf("the container is %s, want RUNNING (the shim finished the start)", st.State)
 			}
 			cl.waitAgentCRI(t, cid, bootTimeout)
-			if err := cl.stopContainer(v); err != nil {
-				t.Error(err)
+			if stopContainerErr := cl.stopContainer(v); stopContainerErr != nil {
+				t.Error(stopContainerErr)
 			}
 		}
 		cl.stopAndRemovePod(t, p)
@@ -291,7 +291,8 @@ func deletingCell(t *testing.T, c *containerd, image string, cell inFlightCell) 
 	}
 	st := cl.waitContainerState(t, v.cid, cri.ContainerState_CONTAINER_EXITED, stopTimeout)
 	if want := deletingExit(cell.component); st.ExitCode != want {
-		t.Errorf("the guest powered off, then %s died in the task's Delete: exit code %d reason %q, want %d", cell.component, st.ExitCode, st.Reason, want)
+		t.Errorf("the guest powered off, then %s died in the task's Delete: exit code %d reason %q, want %d", cell.component, st.ExitCode,
+			st.Reason, want)
 	}
 	if cell.component == "shim" {
 		assertNothingLeft(t, c, recoverDeadSandbox(t, c, cl, v, image)...)

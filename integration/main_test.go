@@ -104,10 +104,10 @@ func newSuite() (*testSuite, error) {
 	}
 	// libvirt runs QEMU as libvirt-qemu: it must be able to reach the shim's
 	// state dir below tmp.
-	if err := os.Chmod(tmp, 0o755); err != nil {
+	if err = os.Chmod(tmp, 0o755); err != nil {
 		return s, err
 	}
-	if err := os.MkdirAll(s.binDir, 0o755); err != nil {
+	if err = os.MkdirAll(s.binDir, 0o755); err != nil {
 		return s, err
 	}
 	s.wrapperDir = fmt.Sprintf("/run/kvm-shim-it-%d", os.Getpid())
@@ -115,9 +115,9 @@ func newSuite() (*testSuite, error) {
 		fmt.Fprintf(os.Stderr, "integration: building the shim failed; tests that need it will fail:\n%v\n", err)
 		s.shimErr = errors.New("building the shim or the emulator wrapper failed (its output is at the start of the run)")
 	}
-	if out, err := s.buildCNIBin(); err != nil {
+	if out, buildCNIBinErr := s.buildCNIBin(); buildCNIBinErr != nil {
 		fmt.Fprintf(os.Stderr, "integration: building the test CNI plugin failed; network shape tests will fail:\n%s\n", out)
-		s.cniErr = fmt.Errorf("CNI bin dir with hack/cni-shape: %v", err)
+		s.cniErr = fmt.Errorf("CNI bin dir with hack/cni-shape: %v", buildCNIBinErr)
 	}
 	var missing []string
 	if s.images, missing, err = findImages(s.imagesDir); err != nil {
@@ -154,8 +154,8 @@ func newSuite() (*testSuite, error) {
 // plugin hack/cni-shape, built from the current tree.
 func (s *testSuite) buildCNIBin() (output []byte, err error) {
 	s.cniBinDir = filepath.Join(s.tmp, "cni-bin")
-	if err := os.MkdirAll(s.cniBinDir, 0o755); err != nil {
-		return nil, err
+	if mkdirAllErr := os.MkdirAll(s.cniBinDir, 0o755); mkdirAllErr != nil {
+		return nil, mkdirAllErr
 	}
 	plugins, err := os.ReadDir(testenv.DefaultCNIBinDir)
 	if err != nil {

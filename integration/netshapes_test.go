@@ -72,7 +72,8 @@ func bridgePlugin(name, ipamDir string, subnets ...string) string {
 	for _, s := range subnets {
 		ranges = append(ranges, fmt.Sprintf(`[{"subnet": %q}]`, s))
 	}
-	return fmt.Sprintf(`{"type": "bridge", "bridge": %q, "isGateway": true, "isDefaultGateway": true, "ipMasq": false, "ipam": {"type": "host-local", "dataDir": %q, "ranges": [%s]}}`,
+	return fmt.Sprintf(`{"type": "bridge", "bridge": %q, "isGateway": true, "isDefaultGateway": true, "ipMasq": false, `+
+		`"ipam": {"type": "host-local", "dataDir": %q, "ranges": [%s]}}`,
 		name, ipamDir, strings.Join(ranges, ", "))
 }
 
@@ -98,7 +99,8 @@ var cniShapes = []cniShape{
 	{
 		name: "cilium",
 		plugins: func(k int, d string) string {
-			return ptpPlugin(k, d, false) + fmt.Sprintf(`, {"type": "kvm-cni-shape", "shape": "cilium", "gateway": "10.99.%d.1", "hostLink": "kvmcilhost%d"}`, k, k)
+			return ptpPlugin(k, d, false) +
+				fmt.Sprintf(`, {"type": "kvm-cni-shape", "shape": "cilium", "gateway": "10.99.%d.1", "hostLink": "kvmcilhost%d"}`, k, k)
 		},
 		gw4: func(k int) string { return fmt.Sprintf("10.99.%d.1", k) }, gw6: none,
 		nics:      1,
@@ -284,7 +286,7 @@ func probeTo(ip, target string, port int) (string, error) {
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
-	if _, err := fmt.Fprintf(conn, "%s %d\n", target, port); err != nil {
+	if _, err = fmt.Fprintf(conn, "%s %d\n", target, port); err != nil {
 		return "", err
 	}
 	got, err := bufio.NewReader(conn).ReadString('\n')
@@ -533,9 +535,11 @@ func (c *containerd) checkNetworkBadInput(t *testing.T, cl *criClient, p *pod, n
 	}{
 		{name: "no-config-drive", annotations: map[string]string{"kvm.containerd.io/config-drive": "false"},
 			code: codes.InvalidArgument, want: []string{"kvm.containerd.io/config-drive=false", "ip=", "the pod has 2 interfaces"}},
-		{name: "changed", setup: []string{"ip", "addr", "add", "10.97.0.9/32", "dev", "eth0"}, undo: []string{"ip", "addr", "del", "10.97.0.9/32", "dev", "eth0"},
+		{name: "changed", setup: []string{"ip", "addr", "add", "10.97.0.9/32", "dev", "eth0"},
+			undo: []string{"ip", "addr", "del", "10.97.0.9/32", "dev", "eth0"},
 			code: codes.FailedPrecondition, want: []string{"changed since its sandbox", "10.97.0.9/32"}},
-		{name: "no-address", setup: []string{"ip", "link", "add", "net2", "type", "veth", "peer", "name", "net3"}, undo: []string{"ip", "link", "del", "net2"},
+		{name: "no-address", setup: []string{"ip", "link", "add", "net2", "type", "veth", "peer", "name", "net3"},
+			undo: []string{"ip", "link", "del", "net2"},
 			code: codes.InvalidArgument, want: []string{"interface net2 has no IP address"}},
 		{name: "too-many", setup: []string{"sh", "-c", "for i in 2 4 6 8; do ip link add net$i type veth peer name net$((i+1)); done"},
 			undo: []string{"sh", "-c", "for i in 2 4 6 8; do ip link del net$i; done"},

@@ -251,7 +251,7 @@ func (c *containerd) checkGuestNetwork(t *testing.T, v *netVM) {
 	}
 	if g.addr != v.net.ip || g.mask != "255.255.255.0" || g.gw != c.gateway() {
 		how := "network_data.json of its config drive"
-		if d, err := dumpDomain(v.domain); err == nil && d.OS.Cmdline != "" {
+		if d, dumpDomainErr := dumpDomain(v.domain); dumpDomainErr == nil && d.OS.Cmdline != "" {
 			how = fmt.Sprintf("kernel command line %q", d.OS.Cmdline)
 		}
 		t.Errorf("pod %s: guest network %q, want address %s/255.255.255.0 gw %s (the pod's, from CRI); the guest had its %s",
@@ -277,7 +277,7 @@ func echo(addr string) error {
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
 	want := fmt.Sprintf("echo-%d", time.Now().UnixNano())
-	if _, err := fmt.Fprintln(conn, want); err != nil {
+	if _, err = fmt.Fprintln(conn, want); err != nil {
 		return err
 	}
 	got, err := bufio.NewReader(conn).ReadString('\n')
@@ -304,7 +304,7 @@ func probe(ip, target string) (string, error) {
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
-	if _, err := fmt.Fprintf(conn, "%s 7\n", target); err != nil {
+	if _, err = fmt.Fprintf(conn, "%s 7\n", target); err != nil {
 		return "", err
 	}
 	got, err := bufio.NewReader(conn).ReadString('\n')
@@ -507,7 +507,8 @@ func (c *containerd) checkNetfdRefuses(t *testing.T, v *netVM) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
 	out, err := runWithTimeout(cmd, 30*time.Second)
 	if err == nil || !strings.Contains(out, "network of "+v.domain) {
-		t.Errorf("the wrapper run as %s by a stranger (not libvirt's process for %s): %v, output:\n%s\nwant it refused (exit 1, \"network of %s: ...\")",
+		t.Errorf("the wrapper run as %s by a stranger (not libvirt's process for %s): %v, output:\n%s\nwant it refused (exit 1, \"network of "+
+			"%s: ...\")",
 			u.Username, v.domain, err, out, v.domain)
 	}
 
@@ -579,7 +580,7 @@ func runWithTimeout(cmd *exec.Cmd, timeout time.Duration) (string, error) {
 		return out.String(), err
 	case <-time.After(timeout):
 		_ = cmd.Process.Kill()
-		<-done
+		<-done //nolint:errcheck // the exit status of a process killed here
 		return out.String(), fmt.Errorf("%s still running after %v; killed", cmd.Path, timeout)
 	}
 }

@@ -90,7 +90,8 @@ func TestCRIOverheadNoOOM(t *testing.T) {
 				b, err = os.ReadFile(filepath.Join(h.V1["memory"], parent, "memory.failcnt"))
 				hit, _ = strconv.Atoi(strings.TrimSpace(string(b)))
 			}
-			t.Logf("limit guest RAM + %d MiB: the VM exited with %d (%s); the pod's limit was hit %d time(s) (%v)", overhead>>20, st.ExitCode, st.Reason, hit, err)
+			t.Logf("limit guest RAM + %d MiB: the VM exited with %d (%s); the pod's limit was hit %d time(s) (%v)", overhead>>20, st.ExitCode,
+				st.Reason, hit, err)
 			if st.ExitCode == 0 || hit < 1 {
 				t.Errorf("the VM exited with %d and the pod's limit was hit %d time(s): want an OOM kill at the pod's limit", st.ExitCode, hit)
 			}

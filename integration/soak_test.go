@@ -130,8 +130,8 @@ func TestCRISoak(t *testing.T) {
 				break
 			}
 			acpi := n%soakACPIEvery == 0
-			if err := sk.cycle(n, acpi); err != nil {
-				t.Fatalf("cycle %d of %d failed after %d good cycles: %v", n, cycles, n-1, err)
+			if cycleErr := sk.cycle(n, acpi); cycleErr != nil {
+				t.Fatalf("cycle %d of %d failed after %d good cycles: %v", n, cycles, n-1, cycleErr)
 			}
 			kinds = append(kinds, map[bool]string{true: "acpi", false: "kill"}[acpi])
 			r := sk.rss[len(sk.rss)-1]
@@ -270,7 +270,7 @@ func (sk *soak) startPod(n, i int) (*soakPod, error) {
 		return sp, err
 	}
 	sk.note(shimID{nsCRI, sp.cid})
-	if err := sk.cl.StartContainer(ctx, sp.cid); err != nil {
+	if err = sk.cl.StartContainer(ctx, sp.cid); err != nil {
 		return sp, err
 	}
 	_, err = sk.cl.WaitContainerState(ctx, sp.cid, cri.ContainerState_CONTAINER_RUNNING, 200*time.Millisecond)
@@ -427,7 +427,7 @@ func (c *containerd) soakSnapshot() (soakSnapshot, error) {
 		return s, err
 	}
 	for _, dir := range []string{c.Root, c.State, c.ShimStateDir} {
-		if err := filepath.WalkDir(dir, func(path string, _ fs.DirEntry, err error) error {
+		if walkDirErr := filepath.WalkDir(dir, func(path string, _ fs.DirEntry, err error) error {
 			if errors.Is(err, fs.ErrNotExist) {
 				return nil // removed during the walk (containerd's GC)
 			}
@@ -435,8 +435,8 @@ func (c *containerd) soakSnapshot() (soakSnapshot, error) {
 				s.files[path] = true
 			}
 			return err
-		}); err != nil {
-			return s, err
+		}); walkDirErr != nil {
+			return s, walkDirErr
 		}
 	}
 	s.mounts = c.Mounts(c.Dir)

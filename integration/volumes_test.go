@@ -249,22 +249,26 @@ func TestCRIVolumes(t *testing.T) {
 // volumeBadInputs are volumes the shim must refuse through CRI, naming
 // the volume, leaving nothing (and no disk.img) behind.
 var volumeBadInputs = []badInput{
-	{name: "char-device", image: "kernel", want: []string{"/dev/vol-null", "only block devices", "invalid argument"}, criCode: codes.InvalidArgument,
+	{name: "char-device", image: "kernel", want: []string{"/dev/vol-null", "only block devices", "invalid argument"},
+		criCode: codes.InvalidArgument,
 		config: func(t *testing.T, cfg *cri.ContainerConfig) {
 			cfg.Devices = []*cri.Device{{ContainerPath: "/dev/vol-null", HostPath: "/dev/null", Permissions: "rw"}}
 		}},
 	{name: "corrupt-disk-img", image: "kernel", want: []string{"/data/disk.img", "invalid argument"}, criCode: codes.InvalidArgument,
 		config: func(t *testing.T, cfg *cri.ContainerConfig) {
 			d := hostVolumeDir(t, "pvc")
-			if err := os.WriteFile(filepath.Join(d, "disk.img"), append([]byte("QFI\xfb\x00\x00\x00\x03"), bytes.Repeat([]byte{0xff}, 4096)...), 0o644); err != nil {
+			if err := os.WriteFile(filepath.Join(d, "disk.img"), append([]byte("QFI\xfb\x00\x00\x00\x03"), bytes.Repeat([]byte{0xff}, 4096)...),
+				0o644); err != nil {
 				t.Fatal(err)
 			}
 			cfg.Mounts = []*cri.Mount{{ContainerPath: "/data", HostPath: d}}
 		}},
-	{name: "backing-file-disk-img", image: "kernel", want: []string{"/data/disk.img", "backing file", "invalid argument"}, criCode: codes.InvalidArgument,
+	{name: "backing-file-disk-img", image: "kernel", want: []string{"/data/disk.img", "backing file", "invalid argument"},
+		criCode: codes.InvalidArgument,
 		config: func(t *testing.T, cfg *cri.ContainerConfig) {
 			d := hostVolumeDir(t, "pvc")
-			if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", "/etc/passwd", filepath.Join(d, "disk.img")).CombinedOutput(); err != nil {
+			if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", "/etc/passwd",
+				filepath.Join(d, "disk.img")).CombinedOutput(); err != nil {
 				t.Fatalf("qemu-img: %v: %s", err, out)
 			}
 			cfg.Mounts = []*cri.Mount{{ContainerPath: "/data", HostPath: d}}

@@ -135,7 +135,8 @@ func WithPeerHook(hook func(pid int) error) ServeOption {
 
 // Serve listens at SocketPath(dir, domain) until Close. It serves every
 // connection, so a restarted domain gets fresh descriptors.
-func Serve(ctx context.Context, dir, domain string, qemuUID, qemuGID int, pidDir string, provide Provider, opts ...ServeOption) (*Server, error) {
+func Serve(ctx context.Context, dir, domain string, qemuUID, qemuGID int, pidDir string, provide Provider,
+	opts ...ServeOption) (*Server, error) {
 	// The dirs are root's and only searchable by others: the QEMU user
 	// reaches its sockets by name but can neither list them nor remove or
 	// replace one (another VM's QEMU runs as the same user).
@@ -208,7 +209,7 @@ func (s *Server) serve(c *net.UnixConn) error {
 		return err
 	}
 	if s.onPeer != nil {
-		if err := s.onPeer(pid); err != nil {
+		if err = s.onPeer(pid); err != nil {
 			return err
 		}
 	}
@@ -338,8 +339,8 @@ func Fetch(path string) (Grant, []int, error) {
 	}
 	defer c.Close()
 	// Only the shim (root) hands out descriptors and names the emulator.
-	if cred, err := peerCred(c); err != nil {
-		return Grant{}, nil, fmt.Errorf("%s: %w", path, err)
+	if cred, peerCredErr := peerCred(c); peerCredErr != nil {
+		return Grant{}, nil, fmt.Errorf("%s: %w", path, peerCredErr)
 	} else if cred.Uid != 0 {
 		return Grant{}, nil, fmt.Errorf("%s is served by uid %d, not root", path, cred.Uid)
 	}

@@ -100,19 +100,22 @@ func TestHandoff(t *testing.T) {
 	}
 
 	got := runFetchChild(t, SocketPath(dir, "dom1"), "guest=dom1,debug-threads=on", pidFile)
-	if !strings.HasPrefix(got, "FETCH-OK") || !strings.Contains(got, `"fds":3`) || !strings.Contains(got, `"nics":2`) || !strings.Contains(got, `"inheritable":true`) ||
-		!regexp.MustCompile(`-netdev tap,id=kvmnet0,fds=\d+:\d+ -device virtio-net-pci,netdev=kvmnet0,id=kvmnet0-dev,mac=02:00:00:00:00:01,bus=pcie.0,addr=0x10,mq=on,vectors=6 `+
-			`-netdev tap,id=kvmnet1,fds=\d+ -device virtio-net-pci,netdev=kvmnet1,id=kvmnet1-dev,mac=02:00:00:00:00:02,bus=pcie.0,addr=0x11"`).MatchString(got) {
+	if !strings.HasPrefix(got, "FETCH-OK") || !strings.Contains(got, `"fds":3`) || !strings.Contains(got, `"nics":2`) ||
+		!strings.Contains(got, `"inheritable":true`) ||
+		!regexp.MustCompile(`-netdev tap,id=kvmnet0,fds=\d+:\d+ `+
+			`-device virtio-net-pci,netdev=kvmnet0,id=kvmnet0-dev,mac=02:00:00:00:00:01,bus=pcie.0,addr=0x10,mq=on,vectors=6 `+
+			`-netdev tap,id=kvmnet1,fds=\d+ `+
+			`-device virtio-net-pci,netdev=kvmnet1,id=kvmnet1-dev,mac=02:00:00:00:00:02,bus=pcie.0,addr=0x11"`).MatchString(got) {
 		t.Errorf("the VM's own wrapper: %s", got)
 	}
 	// Another VM's process (same QEMU user) gets nothing.
 	if got := runFetchChild(t, SocketPath(dir, "dom1"), "guest=dom2,debug-threads=on", pidFile); !strings.HasPrefix(got, "FETCH-ERROR") {
 		t.Errorf("a process naming another domain: %s", got)
 	}
-	if err := s.Close(); err != nil {
+	if err = s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(SocketPath(dir, "dom1")); err == nil {
+	if _, err = os.Stat(SocketPath(dir, "dom1")); err == nil {
 		t.Error("socket left after Close")
 	}
 
@@ -196,7 +199,7 @@ func TestFetchRefusesNonRoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(bin, self, 0o755); err != nil {
+	if err = os.WriteFile(bin, self, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(dir, "dom1.sock")
@@ -207,7 +210,7 @@ func TestFetchRefusesNonRoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
+	if err = cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()

@@ -87,10 +87,12 @@ func Inspect(netnsPath string) (PodNetwork, error) {
 	}
 	slices.SortFunc(cni, func(a, b netlink.Link) int { return compareIfNames(a.Attrs().Name, b.Attrs().Name) })
 	if len(cni) == 0 {
-		return PodNetwork{}, fmt.Errorf("no CNI interface in pod network namespace %s (only loopback): %w", netnsPath, errdefs.ErrFailedPrecondition)
+		return PodNetwork{}, fmt.Errorf("no CNI interface in pod network namespace %s (only loopback): %w", netnsPath,
+			errdefs.ErrFailedPrecondition)
 	}
 	if len(cni) > MaxInterfaces {
-		return PodNetwork{}, fmt.Errorf("pod network namespace %s has %d interfaces (%s); a VM takes at most %d (the free PCI slots for its NICs): %w",
+		return PodNetwork{}, fmt.Errorf("pod network namespace %s has %d interfaces (%s); a VM takes at most %d (the free PCI slots for its "+
+			"NICs): %w",
 			netnsPath, len(cni), strings.Join(linkNames(cni), ", "), MaxInterfaces, errdefs.ErrInvalidArgument)
 	}
 	var pn PodNetwork
@@ -114,7 +116,8 @@ func inspectLink(h *netlink.Handle, l netlink.Link) (Interface, error) {
 			a.Name, l.Type(), a.EncapType, errdefs.ErrInvalidArgument)
 	}
 	if a.RawFlags&unix.IFF_NOARP != 0 {
-		return ifc, fmt.Errorf("interface %s (%s) does no ARP (e.g. ipvlan in L3 mode): the guest could not resolve its neighbours through it: %w",
+		return ifc, fmt.Errorf("interface %s (%s) does no ARP (e.g. ipvlan in L3 mode): "+
+			"the guest could not resolve its neighbours through it: %w",
 			a.Name, l.Type(), errdefs.ErrInvalidArgument)
 	}
 	addrs, err := h.AddrList(l, unix.AF_UNSPEC)

@@ -101,8 +101,9 @@ func addVeth(t *testing.T, name, mac string, addrs []string, routes ...*netlink.
 			return err
 		}
 		defer peer.Close()
-		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name, MTU: 1450, HardwareAddr: hw}, PeerName: "peer0", PeerNamespace: netlink.NsFd(peer)}
-		if err := h.LinkAdd(veth); err != nil {
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name, MTU: 1450, HardwareAddr: hw}, PeerName: "peer0",
+			PeerNamespace: netlink.NsFd(peer)}
+		if err = h.LinkAdd(veth); err != nil {
 			return err
 		}
 		l, err := h.LinkByName(name)
@@ -158,7 +159,8 @@ func TestInspectShapes(t *testing.T) {
 			addVeth(t, "net2", "02:00:00:00:00:03", []string{"192.168.2.2/24"}),
 			func(h *netlink.Handle) error {
 				l, _ := h.LinkByName("net2")
-				if err := h.RouteDel(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: ipNet("192.168.2.0/24"), Scope: netlink.SCOPE_LINK, Protocol: unix.RTPROT_KERNEL}); err != nil {
+				if err := h.RouteDel(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: ipNet("192.168.2.0/24"), Scope: netlink.SCOPE_LINK,
+					Protocol: unix.RTPROT_KERNEL}); err != nil {
 					return fmt.Errorf("delete prefix route: %w", err)
 				}
 				if err := h.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: ipNet("192.168.2.1/32"), Scope: netlink.SCOPE_LINK}); err != nil {
@@ -204,14 +206,15 @@ func TestInspectShapes(t *testing.T) {
 		t.Errorf("net2 (ptp) %v %v, want 192.168.2.2/32 (its prefix is not on-link) with both routes", ptp.Addrs, ptp.Routes)
 	}
 	if len(pn.Interfaces[3].Routes) != 0 || pn.Interfaces[3].Addrs[0].Bits() != 24 {
-		t.Errorf("net10 %v routes %v, want its /24 and no route (its prefix route is the kernel's)", pn.Interfaces[3].Addrs, pn.Interfaces[3].Routes)
+		t.Errorf("net10 %v routes %v, want its /24 and no route (its prefix route is the kernel's)", pn.Interfaces[3].Addrs,
+			pn.Interfaces[3].Routes)
 	}
 	// The same network is the same; another address is a change.
 	again, err := Inspect(path)
 	if err != nil || again.SameAs(pn) != nil {
 		t.Errorf("inspected twice: %v, %v", err, again.SameAs(pn))
 	}
-	if err := inNetns(path, func(h *netlink.Handle) error {
+	if err = inNetns(path, func(h *netlink.Handle) error {
 		l, _ := h.LinkByName("net1")
 		a, _ := netlink.ParseAddr("192.168.1.3/24")
 		return h.AddrAdd(l, a)
@@ -303,18 +306,18 @@ func TestTAPLifecycle(t *testing.T) {
 		t.Error("Wire did not report creating eth0's ingress qdisc")
 	}
 	err = inNetns(path, func(h *netlink.Handle) error {
-		l, err := h.LinkByName(tap.Name)
-		if err != nil {
-			return err
+		l, linkByNameErr := h.LinkByName(tap.Name)
+		if linkByNameErr != nil {
+			return linkByNameErr
 		}
 		if l.Attrs().MTU != 1450 || l.Attrs().Flags&net.FlagUp == 0 {
 			t.Errorf("TAP attrs %+v", l.Attrs())
 		}
 		for _, name := range []string{"eth0", tap.Name} {
 			link, _ := h.LinkByName(name)
-			fs, err := h.FilterList(link, netlink.HANDLE_MIN_INGRESS)
-			if err != nil {
-				return err
+			fs, filterListErr := h.FilterList(link, netlink.HANDLE_MIN_INGRESS)
+			if filterListErr != nil {
+				return filterListErr
 			}
 			if len(fs) != 1 || fs[0].Attrs().Priority != filterPrio {
 				t.Errorf("filters on %s: %v", name, fs)
@@ -326,17 +329,17 @@ func TestTAPLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The pod interface is the only one Inspect sees, the TAP is ignored.
-	if pn, err := Inspect(path); err != nil || len(pn.Interfaces) != 1 || pn.Interfaces[0].Name != "eth0" {
-		t.Errorf("inspect with TAP: %+v, %v", pn, err)
+	if pn, inspectErr := Inspect(path); inspectErr != nil || len(pn.Interfaces) != 1 || pn.Interfaces[0].Name != "eth0" {
+		t.Errorf("inspect with TAP: %+v, %v", pn, inspectErr)
 	}
-	if err := Unwire(path, "eth0", tap.Name, created); err != nil {
+	if err = Unwire(path, "eth0", tap.Name, created); err != nil {
 		t.Fatal(err)
 	}
-	if err := DeleteTAP(path, tap.Name); err != nil {
+	if err = DeleteTAP(path, tap.Name); err != nil {
 		t.Fatal(err)
 	}
 	err = inNetns(path, func(h *netlink.Handle) error {
-		if _, err := h.LinkByName(tap.Name); err == nil {
+		if _, linkByNameErr := h.LinkByName(tap.Name); linkByNameErr == nil {
 			t.Error("TAP still there")
 		}
 		return nil
@@ -364,7 +367,7 @@ func TestUnwireKeepsForeignQdisc(t *testing.T) {
 		t.Fatal(err)
 	}
 	tap := TAP{Name: TAPPrefix + "1", Queues: 1, MTU: 1450}
-	if err := CreateTAP(path, tap); err != nil {
+	if err = CreateTAP(path, tap); err != nil {
 		t.Fatal(err)
 	}
 	created, err := Wire(path, "eth0", tap.Name)
@@ -409,7 +412,8 @@ func TestDomainFromArgs(t *testing.T) {
 func TestGrantArgs(t *testing.T) {
 	g := Grant{NICs: []NIC{{NetdevID: "kvmnet0", MAC: "02:42:0a:4d:00:05", Bus: "pcie.0", Addr: "0x10", Queues: 2, VhostFDs: 2}}}
 	got := strings.Join(g.QEMUArgs([]int{3, 4, 5, 6}), " ")
-	want := "-netdev tap,id=kvmnet0,fds=3:4,vhost=on,vhostfds=5:6 -device virtio-net-pci,netdev=kvmnet0,id=kvmnet0-dev,mac=02:42:0a:4d:00:05,bus=pcie.0,addr=0x10,mq=on,vectors=6"
+	want := "-netdev tap,id=kvmnet0,fds=3:4,vhost=on,vhostfds=5:6 -device " +
+		"virtio-net-pci,netdev=kvmnet0,id=kvmnet0-dev,mac=02:42:0a:4d:00:05,bus=pcie.0,addr=0x10,mq=on,vectors=6"
 	if got != want {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}
@@ -519,14 +523,14 @@ func TestWireReplacesStaleRedirect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := DeleteTAP(path, old.Name); err != nil {
+	if err = DeleteTAP(path, old.Name); err != nil {
 		t.Fatal(err)
 	}
 	if got := podRedirectTargets(t, path); len(got) != 1 || got[0] != "gone" {
 		t.Fatalf("stale redirect: %v", got)
 	}
 	next := TAP{Name: TAPPrefix + "new", Queues: 1, MTU: 1450}
-	if err := CreateTAP(path, next); err != nil {
+	if err = CreateTAP(path, next); err != nil {
 		t.Fatal(err)
 	}
 	nextCreated, err := Wire(path, "eth0", next.Name)

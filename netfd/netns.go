@@ -31,7 +31,7 @@ func inNetns(path string, fn func(h *netlink.Handle) error) error {
 			return
 		}
 		defer origin.Close()
-		if err := netns.Set(target); err != nil {
+		if err = netns.Set(target); err != nil {
 			runtime.UnlockOSThread()
 			errc <- fmt.Errorf("enter network namespace %s: %w", path, err)
 			return

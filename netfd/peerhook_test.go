@@ -56,7 +56,8 @@ func TestHandoffPeerHook(t *testing.T) {
 		t.Errorf("another domain's process: %s; hook ran %d times", got, seen.Load())
 	}
 	fail.Store(true)
-	if got := runFetchChild(t, SocketPath(dir, "dom1"), "guest=dom1", pidFile); !strings.HasPrefix(got, "FETCH-ERROR") || provided.Load() != 1 {
+	if got := runFetchChild(t, SocketPath(dir, "dom1"), "guest=dom1", pidFile); !strings.HasPrefix(got, "FETCH-ERROR") ||
+		provided.Load() != 1 {
 		t.Errorf("hook refusing: %s; provider ran %d times, want no descriptors opened", got, provided.Load())
 	}
 }

@@ -23,8 +23,8 @@ const filterPrio = 49152
 // CNI interface, Wire fails with FailedPrecondition. A redirect to a TAP
 // that is gone (left by a shim that died) is removed. If Wire fails
 // halfway, it takes back what it added.
-func Wire(netnsPath, podIf, tap string) (createdQdisc bool, err error) {
-	err = inNetns(netnsPath, func(h *netlink.Handle) error {
+func Wire(netnsPath, podIf, tap string) (createdQdisc bool, retErr error) {
+	retErr = inNetns(netnsPath, func(h *netlink.Handle) error {
 		pod, err := h.LinkByName(podIf)
 		if err != nil {
 			return fmt.Errorf("find CNI interface %s: %w", podIf, err)
@@ -83,7 +83,7 @@ func Wire(netnsPath, podIf, tap string) (createdQdisc bool, err error) {
 		wired = true
 		return nil
 	})
-	return createdQdisc, err
+	return createdQdisc, retErr
 }
 
 // Unwire removes the redirect of the CNI interface to the TAP (and the

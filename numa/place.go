@@ -246,7 +246,8 @@ func (l *ledger) spread(r Request) (Placement, error) {
 		return Placement{}, l.tooLarge(r)
 	}
 	vShare, mShare := share(r.VCPUs, smallest, 0), int64(share(r.MemoryMiB, smallest, 0))
-	return Placement{}, fmt.Errorf("VM %s (%s) is larger than any NUMA node and no %d nodes have room for a share of %d vCPUs and %s each: %s: %w",
+	return Placement{}, fmt.Errorf("VM %s (%s) is larger than any NUMA node and no %d nodes have room for a share of %d vCPUs and %s each: "+
+		"%s: %w",
 		r.Owner, describeRequest(r), smallest, vShare, formatMiB(mShare), l.reasons(ModeNode, vShare, mShare), errdefs.ErrResourceExhausted)
 }
 
@@ -278,18 +279,21 @@ func (l *ledger) tooLarge(r Request) error {
 	var msg string
 	switch vn, mn := &l.nodes[maxVNode], &l.nodes[maxMNode]; {
 	case r.Mode == ModeDedicated && r.VCPUs > maxV:
-		msg = fmt.Sprintf("dedicated VM %s needs %d CPUs but the largest NUMA node can dedicate %d (%d usable CPUs, min_shared_cpus %d kept shared)",
+		msg = fmt.Sprintf("dedicated VM %s needs %d CPUs but the largest NUMA node can dedicate %d (%d usable CPUs, min_shared_cpus %d kept "+
+			"shared)",
 			r.Owner, r.VCPUs, maxV, len(vn.usable), vn.housekeeping)
 	case r.VCPUs > maxV:
 		msg = fmt.Sprintf("VM %s needs %d vCPUs but the largest NUMA node takes %d (%d usable CPUs × cpu_threshold %g)",
 			r.Owner, r.VCPUs, maxV, len(vn.usable), l.p.CPUThreshold)
 	case !within(float64(int64(r.MemoryMiB)*mib), maxM):
-		msg = fmt.Sprintf("VM %s needs %s but the largest NUMA node has %s", r.Owner, formatMiB(int64(r.MemoryMiB)), formatBytes(float64(mn.node.MemoryBytes)))
+		msg = fmt.Sprintf("VM %s needs %s but the largest NUMA node has %s", r.Owner, formatMiB(int64(r.MemoryMiB)),
+			formatBytes(float64(mn.node.MemoryBytes)))
 		if l.p.MemThreshold != 1 {
 			msg += fmt.Sprintf(" (mem_threshold %g allows %s)", l.p.MemThreshold, formatBytes(maxM))
 		}
 	default:
-		msg = fmt.Sprintf("VM %s (%s) fits no single NUMA node: the nodes with enough CPUs lack the memory and the reverse", r.Owner, describeRequest(r))
+		msg = fmt.Sprintf("VM %s (%s) fits no single NUMA node: the nodes with enough CPUs lack the memory and the reverse", r.Owner,
+			describeRequest(r))
 	}
 	switch {
 	case r.Mode == ModeNode && !l.p.AllowSpread:
@@ -318,13 +322,15 @@ func (l *ledger) reasons(mode Mode, vcpus int, memMiB int64) string {
 				if free := usable - n.housekeeping - n.ded; vcpus > free {
 					why = append(why, fmt.Sprintf("%d CPUs left to dedicate", free))
 				} else if !within(float64(n.vcpus), l.p.CPUThreshold*float64(shared-vcpus)) {
-					why = append(why, fmt.Sprintf("its %d floating vCPUs would exceed %d shared CPUs × cpu_threshold %g", n.vcpus, shared-vcpus, l.p.CPUThreshold))
+					why = append(why,
+						fmt.Sprintf("its %d floating vCPUs would exceed %d shared CPUs × cpu_threshold %g", n.vcpus, shared-vcpus, l.p.CPUThreshold))
 				}
 			} else if !within(float64(n.vcpus+vcpus), l.p.CPUThreshold*float64(shared)) {
 				why = append(why, fmt.Sprintf("%d floating vCPUs on %d shared CPUs (cpu_threshold %g)", n.vcpus, shared, l.p.CPUThreshold))
 			}
 			if !within(float64((n.memMiB+memMiB)*mib), m) {
-				why = append(why, fmt.Sprintf("%s of %s allocated (mem_threshold %g)", formatMiB(n.memMiB), formatBytes(float64(n.node.MemoryBytes)), l.p.MemThreshold))
+				why = append(why,
+					fmt.Sprintf("%s of %s allocated (mem_threshold %g)", formatMiB(n.memMiB), formatBytes(float64(n.node.MemoryBytes)), l.p.MemThreshold))
 			}
 		}
 		parts = append(parts, fmt.Sprintf("node %d: %s", n.node.ID, strings.Join(why, ", ")))

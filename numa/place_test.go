@@ -161,7 +161,8 @@ func TestPlaceDedicated(t *testing.T) {
 		t.Fatalf("d3 = %+v, want CPU 4", d3)
 	}
 	_, err := Place(topo, p, ps, Request{Owner: "d4", VCPUs: 1, MemoryMiB: 1024, Mode: ModeDedicated})
-	for _, want := range []string{"no NUMA node has room for VM d4", "node 0: its 4 floating vCPUs would exceed 3 shared CPUs", "node 1: 0 CPUs left to dedicate"} {
+	for _, want := range []string{"no NUMA node has room for VM d4", "node 0: its 4 floating vCPUs would exceed 3 shared CPUs",
+		"node 1: 0 CPUs left to dedicate"} {
 		if !errdefs.IsResourceExhausted(err) || !strings.Contains(fmt.Sprint(err), want) {
 			t.Errorf("d4: err = %v, want it to say %q", err, want)
 		}
@@ -268,9 +269,12 @@ func TestPlaceRejects(t *testing.T) {
 	}{
 		{"no owner", Policy{}, nil, Request{VCPUs: 1, MemoryMiB: 1}, errdefs.IsInvalidArgument, "no owner"},
 		{"no vcpus", Policy{}, nil, Request{Owner: "a", MemoryMiB: 1}, errdefs.IsInvalidArgument, "VM a: vcpus must be from 1 to 65536, got 0"},
-		{"no memory", Policy{}, nil, Request{Owner: "a", VCPUs: 1}, errdefs.IsInvalidArgument, "VM a: memory must be from 1 MiB to 1073741824 MiB, got 0"},
-		{"absurd memory", Policy{}, nil, Request{Owner: "a", VCPUs: 1, MemoryMiB: 1 << 40}, errdefs.IsInvalidArgument, "memory must be from 1 MiB"},
-		{"bad mode", Policy{}, nil, Request{Owner: "a", VCPUs: 1, MemoryMiB: 1, Mode: "pinned"}, errdefs.IsInvalidArgument, `unknown NUMA mode "pinned"`},
+		{"no memory", Policy{}, nil, Request{Owner: "a", VCPUs: 1}, errdefs.IsInvalidArgument,
+			"VM a: memory must be from 1 MiB to 1073741824 MiB, got 0"},
+		{"absurd memory", Policy{}, nil, Request{Owner: "a", VCPUs: 1, MemoryMiB: 1 << 40}, errdefs.IsInvalidArgument,
+			"memory must be from 1 MiB"},
+		{"bad mode", Policy{}, nil, Request{Owner: "a", VCPUs: 1, MemoryMiB: 1, Mode: "pinned"}, errdefs.IsInvalidArgument,
+			`unknown NUMA mode "pinned"`},
 		{"bad policy", Policy{CPUThreshold: -1}, nil, req("a", 1, 1), errdefs.IsInvalidArgument, "cpu_threshold = -1"},
 		{"memory larger than any node", Policy{}, nil, req("big", 2, 64), errdefs.IsResourceExhausted,
 			"VM big needs 64 GiB but the largest NUMA node has 32 GiB; allow_spread would spread it"},
@@ -278,16 +282,20 @@ func TestPlaceRejects(t *testing.T) {
 			"VM big needs 20 GiB but the largest NUMA node has 32 GiB (mem_threshold 0.5 allows 16 GiB)"},
 		{"vCPUs more than any node takes", Policy{CPUThreshold: 2}, nil, req("wide", 17, 1), errdefs.IsResourceExhausted,
 			"VM wide needs 17 vCPUs but the largest NUMA node takes 16 (8 usable CPUs × cpu_threshold 2)"},
-		{"dedicated larger than any node", Policy{}, nil, Request{Owner: "d", VCPUs: 8, MemoryMiB: 1, Mode: ModeDedicated}, errdefs.IsResourceExhausted,
+		{"dedicated larger than any node", Policy{}, nil, Request{Owner: "d", VCPUs: 8, MemoryMiB: 1, Mode: ModeDedicated},
+			errdefs.IsResourceExhausted,
 			"dedicated VM d needs 8 CPUs but the largest NUMA node can dedicate 7 (8 usable CPUs, min_shared_cpus 1 kept shared)"},
-		{"dedicated is never spread", Policy{AllowSpread: true}, nil, Request{Owner: "d", VCPUs: 12, MemoryMiB: 1, Mode: ModeDedicated}, errdefs.IsResourceExhausted,
+		{"dedicated is never spread", Policy{AllowSpread: true}, nil, Request{Owner: "d", VCPUs: 12, MemoryMiB: 1, Mode: ModeDedicated},
+			errdefs.IsResourceExhausted,
 			"largest NUMA node can dedicate 7"},
 		{"full host", Policy{}, []Placement{vm("x", 0, 2, 30), vm("y", 1, 32, 1)}, req("a", 1, 4), errdefs.IsResourceExhausted,
-			"no NUMA node has room for VM a (1 vCPUs, 4 GiB, mode node): node 0: 30 GiB of 32 GiB allocated (mem_threshold 1); node 1: 32 floating vCPUs on 8 shared CPUs (cpu_threshold 4)"},
+			"no NUMA node has room for VM a (1 vCPUs, 4 GiB, mode node): node 0: 30 GiB of 32 GiB allocated (mem_threshold 1); node 1: 32 " +
+				"floating vCPUs on 8 shared CPUs (cpu_threshold 4)"},
 		{"too large even spread", Policy{AllowSpread: true}, nil, req("huge", 4, 65), errdefs.IsResourceExhausted,
 			"and even spread over all 2 nodes it does not fit"},
 		{"no room to spread", Policy{AllowSpread: true}, []Placement{vm("x", 1, 1, 20)}, req("big", 4, 40), errdefs.IsResourceExhausted,
-			"VM big (4 vCPUs, 40 GiB, mode node) is larger than any NUMA node and no 2 nodes have room for a share of 2 vCPUs and 20 GiB each: node 0: ; node 1: 20 GiB of 32 GiB allocated"},
+			"VM big (4 vCPUs, 40 GiB, mode node) is larger than any NUMA node and no 2 nodes have room for a share of 2 vCPUs and 20 GiB each: " +
+				"node 0: ; node 1: 20 GiB of 32 GiB allocated"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pl, err := Place(topo, tc.policy, tc.current, tc.req)

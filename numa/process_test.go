@@ -201,7 +201,8 @@ func checkState(topo *Topology, ps []Placement) error {
 			}
 		}
 		if float64(floating) > p.CPUThreshold*float64(len(n.CPUs)-ded) {
-			return fmt.Errorf("node %d: %d floating vCPUs on %d shared CPUs is over cpu_threshold %g", n.ID, floating, len(n.CPUs)-ded, p.CPUThreshold)
+			return fmt.Errorf("node %d: %d floating vCPUs on %d shared CPUs is over cpu_threshold %g", n.ID, floating, len(n.CPUs)-ded,
+				p.CPUThreshold)
 		}
 		if float64(memMiB)*mib > p.MemThreshold*float64(n.MemoryBytes) {
 			return fmt.Errorf("node %d: %d MiB allocated of %d bytes is over mem_threshold %g", n.ID, memMiB, n.MemoryBytes, p.MemThreshold)
@@ -278,8 +279,8 @@ func crashChild() {
 		{Owner: "child-defined", VCPUs: 2, MemoryMiB: 1024, Mode: ModeDedicated},
 		{Owner: "child-leaked", VCPUs: 1, MemoryMiB: 2048, Mode: ModeDedicated},
 	} {
-		if _, err := s.Reserve(r); err != nil {
-			fmt.Fprintln(os.Stderr, err)
+		if _, reserveErr := s.Reserve(r); reserveErr != nil {
+			fmt.Fprintln(os.Stderr, reserveErr)
 			os.Exit(1)
 		}
 	}
@@ -325,10 +326,10 @@ func TestCrashMidUpdate(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := cmd.Start(); err != nil {
+			if err = cmd.Start(); err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 			sc := bufio.NewScanner(stdout)
 			for sc.Scan() && sc.Text() != "STALLED" {
 			}
@@ -337,7 +338,7 @@ func TestCrashMidUpdate(t *testing.T) {
 			}
 
 			// The child holds the lock; the state file is the old one.
-			if err := tryLock(state); !errors.Is(err, unix.EWOULDBLOCK) {
+			if err = tryLock(state); !errors.Is(err, unix.EWOULDBLOCK) {
 				t.Fatalf("lock while the child stalls in its write: %v, want EWOULDBLOCK", err)
 			}
 			before := snapshot(t, s)
@@ -345,17 +346,17 @@ func TestCrashMidUpdate(t *testing.T) {
 				t.Fatalf("state while the child stalls: %v", got)
 			}
 
-			if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			if err = cmd.Process.Signal(syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
-			if err := cmd.Wait(); err == nil {
+			if err = cmd.Wait(); err == nil {
 				t.Fatal("child exited cleanly")
 			}
 
 			// The kernel released the lock; the state is still the old one
 			// (never torn), and the next writer overwrites the leftover
 			// temporary file.
-			if err := tryLock(state); err != nil {
+			if err = tryLock(state); err != nil {
 				t.Fatalf("lock after the child died: %v", err)
 			}
 			if after := snapshot(t, s); !slices.Equal(owners(after), owners(before)) {

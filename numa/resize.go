@@ -36,14 +36,16 @@ func (s *Store) Resize(owner string, vcpus, memMiB int) (Placement, error) {
 		case pl.Mode == ModeDedicated:
 			return false, fmt.Errorf("VM %s has dedicated CPUs, one per vCPU: its size cannot change live: %w", owner, errdefs.ErrFailedPrecondition)
 		case len(pl.GuestNodes) > 0:
-			return false, fmt.Errorf("VM %s spans %d NUMA nodes with fixed guest cells: its size cannot change live: %w", owner, len(pl.GuestNodes), errdefs.ErrFailedPrecondition)
+			return false, fmt.Errorf("VM %s spans %d NUMA nodes with fixed guest cells: its size cannot change live: %w", owner, len(pl.GuestNodes),
+				errdefs.ErrFailedPrecondition)
 		}
 		sums := addToSummary(st.header.Nodes, &pl, -1)
 		if pl.Mode != ModeNone && len(pl.Nodes) == 1 {
 			l := newLedgerFromSummary(s.topo, s.policy, sums)
 			n := l.index(pl.Nodes[0])
 			if n < 0 {
-				return false, fmt.Errorf("VM %s is on NUMA node %d, which this host no longer has: %w", owner, pl.Nodes[0], errdefs.ErrFailedPrecondition)
+				return false, fmt.Errorf("VM %s is on NUMA node %d, which this host no longer has: %w", owner, pl.Nodes[0],
+					errdefs.ErrFailedPrecondition)
 			}
 			if ok, _, _ := l.fit(&l.nodes[n], pl.Mode, vcpus, int64(memMiB)); !ok {
 				return false, fmt.Errorf("NUMA node %d has no room for VM %s with %d vCPUs and %d MiB: %s: %w",

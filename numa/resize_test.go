@@ -13,7 +13,7 @@ func TestStoreResize(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Reserve(Request{Owner: "b", VCPUs: 2, MemoryMiB: 512}); err != nil {
+	if _, err = s.Reserve(Request{Owner: "b", VCPUs: 2, MemoryMiB: 512}); err != nil {
 		t.Fatal(err)
 	}
 	got, err := s.Resize("a", 2, 512)
@@ -24,39 +24,39 @@ func TestStoreResize(t *testing.T) {
 		t.Errorf("node 0 holds %d vCPUs after the resize, want 4", u[0].VCPUs)
 	}
 	// A third vCPU for a would make 5 on 2 CPUs × 2: refused, unchanged.
-	if _, err := s.Resize("a", 3, 512); !errdefs.IsResourceExhausted(err) {
+	if _, err = s.Resize("a", 3, 512); !errdefs.IsResourceExhausted(err) {
 		t.Errorf("grow past cpu_threshold: %v, want ResourceExhausted", err)
 	}
 	if ps := snapshot(t, s); ps[0].VCPUs != 2 {
 		t.Errorf("a refused resize changed a to %d vCPUs", ps[0].VCPUs)
 	}
-	if got, err := s.Resize("a", 1, 512); err != nil || got.VCPUs != 1 {
-		t.Errorf("shrink a to 1: %+v, %v", got, err)
+	if got, resizeErr := s.Resize("a", 1, 512); resizeErr != nil || got.VCPUs != 1 {
+		t.Errorf("shrink a to 1: %+v, %v", got, resizeErr)
 	}
-	if _, err := s.Resize("a", 0, 512); !errdefs.IsInvalidArgument(err) {
+	if _, err = s.Resize("a", 0, 512); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("resize to 0: %v", err)
 	}
-	if _, err := s.Resize("nobody", 2, 512); !errdefs.IsNotFound(err) {
+	if _, err = s.Resize("nobody", 2, 512); !errdefs.IsNotFound(err) {
 		t.Errorf("resize of no reservation: %v", err)
 	}
 	// Memory grows on the node while it has room (8 GiB here), and
 	// cannot go past it.
-	if got, err := s.Resize("a", 1, 4096); err != nil || got.MemoryMiB != 4096 {
-		t.Errorf("grow a to 4096 MiB: %+v, %v", got, err)
+	if got, resizeErr := s.Resize("a", 1, 4096); resizeErr != nil || got.MemoryMiB != 4096 {
+		t.Errorf("grow a to 4096 MiB: %+v, %v", got, resizeErr)
 	}
 	if u := Usage(s.Topology(), s.Policy(), snapshot(t, s)); u[0].MemoryMiB != 4096+512 {
 		t.Errorf("node 0 holds %d MiB after the memory resize, want %d", u[0].MemoryMiB, 4096+512)
 	}
-	if _, err := s.Resize("a", 1, 64*1024); !errdefs.IsResourceExhausted(err) {
+	if _, err = s.Resize("a", 1, 64*1024); !errdefs.IsResourceExhausted(err) {
 		t.Errorf("grow past the node's memory: %v, want ResourceExhausted", err)
 	}
 	if ps := snapshot(t, s); ps[0].MemoryMiB != 4096 {
 		t.Errorf("a refused resize changed a to %d MiB", ps[0].MemoryMiB)
 	}
-	if _, err := s.Resize("a", 1, 0); !errdefs.IsInvalidArgument(err) {
+	if _, err = s.Resize("a", 1, 0); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("resize to 0 MiB: %v", err)
 	}
-	if _, err := s.Resize("a", 1, 512); err != nil {
+	if _, err = s.Resize("a", 1, 512); err != nil {
 		t.Fatal(err)
 	}
 	// Summaries stay what the reservations add up to.

@@ -152,9 +152,9 @@ func (s *Store) Reserve(r Request) (Placement, error) {
 	var out Placement
 	err = s.update(func(st *rawState) (bool, error) {
 		if i := st.find(r.Owner); i >= 0 {
-			res, err := st.decode(i)
-			if err != nil {
-				return false, err
+			res, decodeErr := st.decode(i)
+			if decodeErr != nil {
+				return false, decodeErr
 			}
 			if !res.matches(r) {
 				return false, fmt.Errorf("VM %s already holds a NUMA placement for %d vCPUs, %s, mode %s; asked for %s: %w",
@@ -165,16 +165,17 @@ func (s *Store) Reserve(r Request) (Placement, error) {
 				return false, nil
 			}
 			res.Holder = &s.self
-			st.lines[i], err = json.Marshal(res)
-			return true, err
+			var marshalErr error
+			st.lines[i], marshalErr = json.Marshal(res)
+			return true, marshalErr
 		}
-		pl, err := newLedgerFromSummary(s.topo, s.policy, st.header.Nodes).decide(r)
-		if err != nil {
-			return false, err
+		pl, decideErr := newLedgerFromSummary(s.topo, s.policy, st.header.Nodes).decide(r)
+		if decideErr != nil {
+			return false, decideErr
 		}
-		line, err := json.Marshal(reservation{Placement: pl, Holder: &s.self})
-		if err != nil {
-			return false, err
+		line, marshalErr := json.Marshal(reservation{Placement: pl, Holder: &s.self})
+		if marshalErr != nil {
+			return false, marshalErr
 		}
 		st.lines = append(st.lines, line)
 		st.header.Nodes = addToSummary(st.header.Nodes, &pl, 1)
@@ -228,9 +229,9 @@ func (s *Store) Reconcile(live []Placement) (dropped []string, err error) {
 // release undone, the gone domain's placement put back for good.
 func (s *Store) ReconcileWith(list func() ([]Placement, error)) (dropped []string, err error) {
 	err = s.lockedDo(true, func(st *rawState) (bool, error) {
-		live, err := list()
-		if err != nil {
-			return false, err
+		live, listErr := list()
+		if listErr != nil {
+			return false, listErr
 		}
 		liveByOwner := make(map[string]int, len(live))
 		for i, pl := range live {
@@ -245,8 +246,8 @@ func (s *Store) ReconcileWith(list func() ([]Placement, error)) (dropped []strin
 		var known, kept []reservation
 		seen := map[string]bool{}
 		for i := range st.lines {
-			res, err := st.decode(i)
-			if err != nil {
+			res, decodeErr := st.decode(i)
+			if decodeErr != nil {
 				dropped = append(dropped, fmt.Sprintf("(unreadable reservation %d)", i))
 				continue
 			}
@@ -268,9 +269,9 @@ func (s *Store) ReconcileWith(list func() ([]Placement, error)) (dropped []strin
 		st.lines = st.lines[:0]
 		ps := make([]Placement, len(all))
 		for i, res := range all {
-			line, err := json.Marshal(res)
-			if err != nil {
-				return false, err
+			line, marshalErr := json.Marshal(res)
+			if marshalErr != nil {
+				return false, marshalErr
 			}
 			st.lines = append(st.lines, line)
 			ps[i] = res.Placement
@@ -316,7 +317,7 @@ func (s *Store) lockedDo(tolerateCorrupt bool, fn func(*rawState) (bool, error))
 		return fmt.Errorf("open NUMA lock: %w", err)
 	}
 	defer unix.Close(lock) // closing the last descriptor releases the lock
-	if err := retryEINTR(func() error { return unix.Flock(lock, unix.LOCK_EX) }); err != nil {
+	if err = retryEINTR(func() error { return unix.Flock(lock, unix.LOCK_EX) }); err != nil {
 		return fmt.Errorf("lock %s: %w", s.lockPath, err)
 	}
 	st, err := s.readRaw()
@@ -447,10 +448,10 @@ func (s *Store) readRaw() (*rawState, error) {
 	st := &rawState{}
 	head, rest, _ := bytes.Cut(b, []byte{'\n'})
 	if h, ok := bytes.CutSuffix(head, []byte(reservationsKey)); ok {
-		if err := json.Unmarshal(append(h, '}'), &st.header); err != nil {
+		if err = json.Unmarshal(append(h, '}'), &st.header); err != nil {
 			return nil, s.corrupt(err)
 		}
-		if err := s.checkVersion(st.header.Version); err != nil {
+		if err = s.checkVersion(st.header.Version); err != nil {
 			return nil, err
 		}
 		for {
@@ -536,7 +537,7 @@ func (s *Store) writeLocked(st *rawState) error {
 	if testHook != nil {
 		testHook("before-rename")
 	}
-	if err := unix.Rename(s.tmpPath, s.path); err != nil {
+	if err = unix.Rename(s.tmpPath, s.path); err != nil {
 		return fmt.Errorf("write NUMA state: %w", &os.LinkError{Op: "rename", Old: s.tmpPath, New: s.path, Err: err})
 	}
 	if s.volatile {

@@ -284,8 +284,8 @@ func TestReconcileWithListsUnderTheLock(t *testing.T) {
 		// The listing still sees the domain; its cleanup releases now.
 		go func() { released <- s.Release("gone") }()
 		select {
-		case err := <-released:
-			t.Errorf("a Release went through during the reconcile: %v", err)
+		case releaseErr := <-released:
+			t.Errorf("a Release went through during the reconcile: %v", releaseErr)
 		case <-time.After(100 * time.Millisecond):
 		}
 		return []Placement{gone}, nil

@@ -118,7 +118,8 @@ func TestStateFileLayout(t *testing.T) {
 // whole and its summaries recomputed before the next decision.
 func TestStateFileEditedByHand(t *testing.T) {
 	s := newTestStore(t, uniform(1, 4, 8), Policy{})
-	pl := Placement{Owner: "d", Mode: ModeDedicated, VCPUs: 3, MemoryMiB: 1024, Nodes: []int{0}, CPUs: CPUList{1, 2, 3}, VCPUPins: []int{1, 2, 3}, EmulatorCPUs: CPUList{0}}
+	pl := Placement{Owner: "d", Mode: ModeDedicated, VCPUs: 3, MemoryMiB: 1024, Nodes: []int{0}, CPUs: CPUList{1, 2, 3},
+		VCPUPins: []int{1, 2, 3}, EmulatorCPUs: CPUList{0}}
 	st := stateFile{Version: 1, Generation: 9, Nodes: []nodeSummary{{Node: 0}}, Reservations: []reservation{{Placement: pl}}}
 	b, _ := json.MarshalIndent(st, "", " ")
 	if err := os.WriteFile(s.path, b, 0o600); err != nil {

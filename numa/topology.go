@@ -56,7 +56,8 @@ func (t *Topology) Validate() error {
 	owner := map[int]int{}
 	for i, n := range t.Nodes {
 		if i > 0 && n.ID <= t.Nodes[i-1].ID {
-			return fmt.Errorf("topology nodes must be in ascending ID order without repeats, node %d follows node %d: %w", n.ID, t.Nodes[i-1].ID, errdefs.ErrInvalidArgument)
+			return fmt.Errorf("topology nodes must be in ascending ID order without repeats, node %d follows node %d: %w", n.ID, t.Nodes[i-1].ID,
+				errdefs.ErrInvalidArgument)
 		}
 		if n.ID < 0 {
 			return fmt.Errorf("topology node ID %d is negative: %w", n.ID, errdefs.ErrInvalidArgument)
@@ -99,11 +100,11 @@ func ReadTopology(root string) (*Topology, error) {
 		return nil, err
 	}
 
-	if _, err := os.Stat(sysNode); errors.Is(err, fs.ErrNotExist) {
+	if _, err = os.Stat(sysNode); errors.Is(err, fs.ErrNotExist) {
 		meminfo := filepath.Join(root, "proc/meminfo")
-		mem, err := readMemTotal(meminfo, "MemTotal:")
-		if err != nil {
-			return nil, err
+		mem, readMemTotalErr := readMemTotal(meminfo, "MemTotal:")
+		if readMemTotalErr != nil {
+			return nil, readMemTotalErr
 		}
 		return &Topology{Nodes: []Node{{ID: 0, CPUs: online, MemoryBytes: mem, Distances: []int{10}}}}, nil
 	} else if err != nil {

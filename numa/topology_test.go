@@ -58,9 +58,9 @@ func TestReadTopologyOfflineSparseAndMemoryOnly(t *testing.T) {
 	}
 	// A memory-only node never receives a VM.
 	for i := range 3 {
-		pl, err := Place(topo, Policy{}, nil, Request{Owner: "vm", VCPUs: 1, MemoryMiB: 1024 * (i + 1)})
-		if err != nil || pl.Nodes[0] == 1 {
-			t.Errorf("placed on %v, %v", pl.Nodes, err)
+		pl, placeErr := Place(topo, Policy{}, nil, Request{Owner: "vm", VCPUs: 1, MemoryMiB: 1024 * (i + 1)})
+		if placeErr != nil || pl.Nodes[0] == 1 {
+			t.Errorf("placed on %v, %v", pl.Nodes, placeErr)
 		}
 	}
 

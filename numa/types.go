@@ -123,7 +123,8 @@ func (r Request) validate() (Request, error) {
 	case r.VCPUs < 1 || r.VCPUs > maxCPUID:
 		return r, fmt.Errorf("VM %s: vcpus must be from 1 to %d, got %d: %w", r.Owner, maxCPUID, r.VCPUs, errdefs.ErrInvalidArgument)
 	case r.MemoryMiB < 1 || r.MemoryMiB > maxMemoryMiB:
-		return r, fmt.Errorf("VM %s: memory must be from 1 MiB to %d MiB, got %d: %w", r.Owner, maxMemoryMiB, r.MemoryMiB, errdefs.ErrInvalidArgument)
+		return r, fmt.Errorf("VM %s: memory must be from 1 MiB to %d MiB, got %d: %w", r.Owner, maxMemoryMiB, r.MemoryMiB,
+			errdefs.ErrInvalidArgument)
 	}
 	if _, err := ParseMode(string(r.Mode)); err != nil {
 		return r, fmt.Errorf("VM %s: %w", r.Owner, err)

@@ -7,8 +7,8 @@ import (
 
 	cgroup1stats "github.com/containerd/cgroups/v3/cgroup1/stats"
 	cgroup2stats "github.com/containerd/cgroups/v3/cgroup2/stats"
-	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/protobuf"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -47,7 +47,9 @@ func vmCgroup(ctx context.Context, h *host, spec *specs.Spec) (*cgroup.Group, er
 	}
 	p := spec.Linux.CgroupsPath
 	if _, err := cgroup.CleanPath(p); errors.Is(err, cgroup.ErrSystemdPath) {
-		h.warnOnce("cgroup-systemd", fmt.Sprintf("cgroupsPath %q is for the systemd cgroup driver, which this shim does not support: QEMU stays in libvirt's cgroup and the pod's limits do not cover it (use the cgroupfs driver)", p))
+		h.warnOnce("cgroup-systemd",
+			fmt.Sprintf("cgroupsPath %q is for the systemd cgroup driver, which this shim does not support: QEMU stays in libvirt's cgroup and "+
+				"the pod's limits do not cover it (use the cgroupfs driver)", p))
 		return nil, nil
 	} else if err != nil {
 		return nil, fmt.Errorf("linux.cgroupsPath: %w", err)
@@ -102,7 +104,8 @@ func (t *vmTask) chargeVirtiofsd(ctx context.Context) error {
 		return fmt.Errorf("find the VM's virtiofsd: %w", err)
 	}
 	if len(daemons) != t.shares {
-		return fmt.Errorf("found %d virtiofsd daemons for %d shares of domain %s: %w", len(daemons), t.shares, t.rec.Domain, errdefs.ErrFailedPrecondition)
+		return fmt.Errorf("found %d virtiofsd daemons for %d shares of domain %s: %w", len(daemons), t.shares, t.rec.Domain,
+			errdefs.ErrFailedPrecondition)
 	}
 	for _, pid := range pids {
 		if err := t.cgroup.Join(pid); err != nil {
@@ -185,7 +188,8 @@ func metricsV1(st cgroup.Stats) *cgroup1stats.Metrics {
 			TotalInactiveAnon: s["total_inactive_anon"], TotalActiveAnon: s["total_active_anon"],
 			TotalInactiveFile: s["total_inactive_file"], TotalActiveFile: s["total_active_file"],
 			TotalUnevictable: s["total_unevictable"],
-			Usage:            &cgroup1stats.MemoryEntry{Usage: st.MemoryUsage, Limit: st.MemoryLimit, Max: st.MemoryMaxUsage, Failcnt: st.MemoryFailcnt},
+			Usage: &cgroup1stats.MemoryEntry{Usage: st.MemoryUsage, Limit: st.MemoryLimit, Max: st.MemoryMaxUsage,
+				Failcnt: st.MemoryFailcnt},
 		},
 	}
 }

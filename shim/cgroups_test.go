@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	cgroup1stats "github.com/containerd/cgroups/v3/cgroup1/stats"
-	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/cgroup"
@@ -55,7 +55,7 @@ func TestVMTaskCgroupV1(t *testing.T) {
 		t.Skipf("needs cgroup v1 (%v)", err)
 	}
 	qemu := exec.Command("sleep", "60") // stands in for QEMU
-	if err := qemu.Start(); err != nil {
+	if err = qemu.Start(); err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = qemu.Process.Kill(); _ = qemu.Wait() }()
@@ -67,7 +67,7 @@ func TestVMTaskCgroupV1(t *testing.T) {
 	f.cgroupsPath = pod + "/vm1"
 	t.Cleanup(func() {
 		for _, p := range []string{f.cgroupsPath, pod} {
-			if g, err := hs.Group(p); err == nil {
+			if g, groupErr := hs.Group(p); groupErr == nil {
 				_ = g.Remove()
 			}
 		}
@@ -77,15 +77,15 @@ func TestVMTaskCgroupV1(t *testing.T) {
 		t.Fatalf("record: cgroup %q created %v", vt.rec.Cgroup, vt.rec.CgroupCreated)
 	}
 	for _, d := range vt.cgroup.Dirs() {
-		if _, err := os.Stat(d); err != nil {
-			t.Errorf("cgroup dir: %v", err)
+		if _, statErr := os.Stat(d); statErr != nil {
+			t.Errorf("cgroup dir: %v", statErr)
 		}
 	}
-	if _, err := vt.start(context.Background()); err != nil {
+	if _, err = vt.start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if pids, err := vt.cgroup.Procs(); err != nil || len(pids) != 1 || pids[0] != qemu.Process.Pid {
-		t.Errorf("cgroup holds %v (%v), want QEMU's pid %d", pids, err, qemu.Process.Pid)
+	if pids, procsErr := vt.cgroup.Procs(); procsErr != nil || len(pids) != 1 || pids[0] != qemu.Process.Pid {
+		t.Errorf("cgroup holds %v (%v), want QEMU's pid %d", pids, procsErr, qemu.Process.Pid)
 	}
 	a, err := vt.cgroupStats(context.Background())
 	if err != nil {

@@ -61,10 +61,12 @@ func checkLibvirtCgroups(h cgroup.Hierarchies, conf []byte) (checkLevel, string)
 		}
 	}
 	if len(clash) > 0 {
-		return checkFail, fmt.Sprintf("libvirt manages %s for QEMU (%s) and would move vCPU threads out of the pod's cgroup: set %s (hack/setup-host.sh does) and restart libvirtd",
+		return checkFail, fmt.Sprintf("libvirt manages %s for QEMU (%s) and would move vCPU threads out of the pod's cgroup: set %s "+
+			"(hack/setup-host.sh does) and restart libvirtd",
 			strings.Join(clash, ", "), libvirtQEMUConf, want)
 	}
-	return checkOK, fmt.Sprintf("cgroup v%d; libvirt manages [%s], the shim charges QEMU to the pod's cgroup", h.Version(), strings.Join(list, " "))
+	return checkOK, fmt.Sprintf("cgroup v%d; libvirt manages [%s], the shim charges QEMU to the pod's cgroup", h.Version(),
+		strings.Join(list, " "))
 }
 
 // checkCgroups is the `check` line for cgroups.

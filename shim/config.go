@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/errdefs"
 	"github.com/pelletier/go-toml/v2"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/configdrive"

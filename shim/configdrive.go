@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/configdrive"
@@ -46,7 +46,8 @@ func driveNetwork(pn netfd.PodNetwork, dns []netip.Addr, search []string) (*conf
 // OpenStack config drive (label config-2) goes in its runtime dir, and the
 // function that writes it; volumes are listed on it. It is rebuilt on every create, so it always says
 // what the pod is now.
-func planConfigDrive(ctx context.Context, h *host, ident vmIdentity, vmDir string, network *configdrive.Network, volumes []configdrive.Volume, opts configdrive.Options) (*vm.ConfigDrive, func() error, error) {
+func planConfigDrive(ctx context.Context, h *host, ident vmIdentity, vmDir string, network *configdrive.Network,
+	volumes []configdrive.Volume, opts configdrive.Options) (*vm.ConfigDrive, func() error, error) {
 	format, err := configdrive.ParseFormat(string(opts.Format))
 	if err != nil {
 		return nil, nil, err
@@ -76,7 +77,8 @@ func planConfigDrive(ctx context.Context, h *host, ident vmIdentity, vmDir strin
 	if len(meta) > configdrive.MaxMetaEntries {
 		slices.Sort(added)
 		return nil, nil, fmt.Errorf("annotation %s: its %d entries and the %d the shim adds (%s) are more than the limit of %d: %w",
-			configdrive.AnnotationMetadata, len(opts.Meta), len(added), strings.Join(added, ", "), configdrive.MaxMetaEntries, errdefs.ErrInvalidArgument)
+			configdrive.AnnotationMetadata, len(opts.Meta), len(added), strings.Join(added,
+				", "), configdrive.MaxMetaEntries, errdefs.ErrInvalidArgument)
 	}
 	opts.Meta = meta
 	inst := configdrive.Instance{

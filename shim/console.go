@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/fifo"
 	"github.com/containerd/log"
 )
@@ -31,8 +31,8 @@ type console struct {
 
 // checkStdio refuses stdio URIs the shim cannot serve, before anything is
 // created.
-func checkStdio(io stdio) error {
-	for _, p := range []string{io.Stdin, io.Stdout} {
+func checkStdio(streams stdio) error {
+	for _, p := range []string{streams.Stdin, streams.Stdout} {
 		if p == "" {
 			continue
 		}
@@ -104,7 +104,7 @@ func attachConsole(ctx context.Context, socket string, in io.ReadCloser, out io.
 // file only) so the guest never blocks on a full serial port.
 func (c *console) copyOut(ctx context.Context) {
 	defer close(c.done)
-	var w io.Writer = io.Discard
+	w := io.Discard
 	if c.stdout != nil {
 		w = &forgivingWriter{w: c.stdout}
 	}

@@ -14,7 +14,7 @@ import (
 
 	eventstypes "github.com/containerd/containerd/api/events"
 	"github.com/containerd/containerd/api/types/task"
-	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/fifo"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -76,8 +76,8 @@ type execProcess struct {
 var _ taskRunner = (*execProcess)(nil)
 
 // addExec checks an exec request and registers it; nothing runs yet.
-func (t *vmTask) addExec(ctx context.Context, execID string, io stdio, spec *anypb.Any) (*execProcess, error) {
-	if io.Terminal {
+func (t *vmTask) addExec(ctx context.Context, execID string, streams stdio, spec *anypb.Any) (*execProcess, error) {
+	if streams.Terminal {
 		return nil, errTTY
 	}
 	if execID == "" {
@@ -93,10 +93,10 @@ func (t *vmTask) addExec(ctx context.Context, execID string, io stdio, spec *any
 	if p.Terminal {
 		return nil, errTTY
 	}
-	if err := checkStdio(io); err != nil {
+	if err := checkStdio(streams); err != nil {
 		return nil, err
 	}
-	if err := checkStdio(stdio{Stdout: io.Stderr}); err != nil {
+	if err := checkStdio(stdio{Stdout: streams.Stderr}); err != nil {
 		return nil, err
 	}
 	t.mu.Lock()
@@ -110,10 +110,11 @@ func (t *vmTask) addExec(ctx context.Context, execID string, io stdio, spec *any
 	if p.Cwd != "" && p.Cwd != "/" || p.User.UID != 0 {
 		// The user and directory are the container rootfs's, which the
 		// guest does not share: the agent runs commands as itself.
-		t.h.warnOnce("exec-user-cwd", "exec into a VM runs as the guest agent's user (root) in its working directory; the exec's user and cwd are not applied")
+		t.h.warnOnce("exec-user-cwd",
+			"exec into a VM runs as the guest agent's user (root) in its working directory; the exec's user and cwd are not applied")
 	}
 	e := &execProcess{
-		proc:  newProc(t.id, t.bundle, io, t.publish),
+		proc:  newProc(t.id, t.bundle, streams, t.publish),
 		task:  t,
 		agent: t.agent,
 		cmd:   vm.Command{Path: p.Args[0], Args: p.Args[1:], Env: p.Env},

@@ -14,7 +14,7 @@ import (
 
 	eventstypes "github.com/containerd/containerd/api/events"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v2"
-	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/fifo"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -103,8 +103,8 @@ func TestExecRunsInGuest(t *testing.T) {
 	vt := f.started()
 	before := runtime.NumGoroutine()
 	f.fake.guest.SetProgram("/bin/sh", vmtest.Program{Polls: 2, Code: 3, Out: "out", Err: "err"})
-	io := newExecStdio(t, false)
-	e, err := vt.addExec(context.Background(), "e1", io.stdio, processSpec(t, "/bin/sh", "-c", "exit 3"))
+	streams := newExecStdio(t, false)
+	e, err := vt.addExec(context.Background(), "e1", streams.stdio, processSpec(t, "/bin/sh", "-c", "exit 3"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestExecRunsInGuest(t *testing.T) {
 	if st := waitExec(t, e); st != 3 {
 		t.Fatalf("exit status %d, want 3", st)
 	}
-	if out, errOut := io.output(t); out != "out" || errOut != "err" {
+	if out, errOut := streams.output(t); out != "out" || errOut != "err" {
 		t.Fatalf("stdout %q stderr %q", out, errOut)
 	}
 	got := f.fake.guest.Started()[0]
@@ -160,23 +160,23 @@ func TestExecStdinGivenAtOnce(t *testing.T) {
 	f := newVMFixture(t)
 	vt := f.started()
 	f.fake.guest.SetProgram("cat", vmtest.Program{EchoInput: true})
-	io := newExecStdio(t, true)
-	e, err := vt.addExec(context.Background(), "e1", io.stdio, processSpec(t, "cat"))
+	streams := newExecStdio(t, true)
+	e, err := vt.addExec(context.Background(), "e1", streams.stdio, processSpec(t, "cat"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if pid, err := e.start(context.Background()); err != nil || pid != 0 {
 		t.Fatalf("start with stdin: pid %d (the command waits for stdin), %v", pid, err)
 	}
-	if _, err := io.stdin.Write([]byte("hello\n")); err != nil {
+	if _, err := streams.stdin.Write([]byte("hello\n")); err != nil {
 		t.Fatal(err)
 	}
-	io.stdin.Close()
+	streams.stdin.Close()
 	e.closeStdin()
 	if st := waitExec(t, e); st != 0 {
 		t.Fatalf("exit status %d", st)
 	}
-	if out, _ := io.output(t); out != "hello\n" {
+	if out, _ := streams.output(t); out != "hello\n" {
 		t.Fatalf("stdout %q", out)
 	}
 	if _, pid, _, _ := e.snapshot(); pid == 0 {
@@ -207,7 +207,8 @@ func TestExecRefusesBadRequests(t *testing.T) {
 	if err := vt.pause(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := vt.addExec(ctx, "e2", stdio{}, processSpec(t, "sh")); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "paused") {
+	if _, err := vt.addExec(ctx, "e2", stdio{}, processSpec(t, "sh")); !errdefs.IsFailedPrecondition(err) ||
+		!strings.Contains(err.Error(), "paused") {
 		t.Errorf("exec in a paused VM: %v", err)
 	}
 	e, _ := vt.getExec("e1")
@@ -246,8 +247,8 @@ func TestExecCommandFailures(t *testing.T) {
 		{"noagent", true, exitCannotExec, "install qemu-guest-agent"},
 	} {
 		f.fake.guest.SetAbsent(c.absent)
-		io := newExecStdio(t, false)
-		e, err := vt.addExec(context.Background(), c.name, io.stdio, processSpec(t, "nosuch"))
+		streams := newExecStdio(t, false)
+		e, err := vt.addExec(context.Background(), c.name, streams.stdio, processSpec(t, "nosuch"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -261,7 +262,7 @@ func TestExecCommandFailures(t *testing.T) {
 		if took := time.Since(began); took > 2*time.Second {
 			t.Errorf("%s: took %v", c.name, took)
 		}
-		if _, errOut := io.output(t); !strings.Contains(errOut, c.msg) {
+		if _, errOut := streams.output(t); !strings.Contains(errOut, c.msg) {
 			t.Errorf("%s: stderr %q does not say %q", c.name, errOut, c.msg)
 		}
 	}
@@ -336,7 +337,8 @@ func TestServiceExecCalls(t *testing.T) {
 	if _, err := s.Exec(ctx, &taskAPI.ExecProcessRequest{ID: "vm1", ExecID: "e1", Spec: processSpec(t, "true")}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.ResizePty(ctx, &taskAPI.ResizePtyRequest{ID: "vm1", ExecID: "e1", Width: 80, Height: 24}); !errdefs.IsFailedPrecondition(err) {
+	if _, err := s.ResizePty(ctx,
+		&taskAPI.ResizePtyRequest{ID: "vm1", ExecID: "e1", Width: 80, Height: 24}); !errdefs.IsFailedPrecondition(err) {
 		t.Errorf("resize of an exec: %v", err)
 	}
 	if _, err := s.ResizePty(ctx, &taskAPI.ResizePtyRequest{ID: "vm1", Width: 80, Height: 24}); err != nil {
@@ -371,9 +373,9 @@ func TestExecStdinEndedBeforeStart(t *testing.T) {
 	f := newVMFixture(t)
 	vt := f.started()
 	f.fake.guest.SetProgram("cat", vmtest.Program{EchoInput: true})
-	io := newExecStdio(t, true)
-	io.stdin.Close()
-	e, err := vt.addExec(context.Background(), "e1", io.stdio, processSpec(t, "cat"))
+	streams := newExecStdio(t, true)
+	streams.stdin.Close()
+	e, err := vt.addExec(context.Background(), "e1", streams.stdio, processSpec(t, "cat"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/errdefs"
 	"github.com/digitalocean/go-libvirt"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"

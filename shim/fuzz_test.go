@@ -128,8 +128,10 @@ func FuzzPodAnnotations(f *testing.F) {
 func FuzzReadRecord(f *testing.F) {
 	f.Add([]byte(`{}`))
 	f.Add([]byte(`{"kind":"vm","id":"c1","namespace":"k8s.io","stateDir":"/var/lib/x","libvirtSocket":"/run/libvirt/libvirt-sock","pid":42,` +
-		`"domain":"kvm-k8s.io-c1-0123","vmDir":"/var/lib/x/vms/kvm-k8s.io-c1-0123","overlay":"/var/lib/x/pods/u/overlay.qcow2","keepOverlay":true,` +
-		`"numaOwner":"kvm-k8s.io-c1-0123","numaStore":"/run/x/numa.json","network":{"netns":"/var/run/netns/cni-1","links":[{"podIf":"eth0","tap":"tap0","createdQdisc":true}]},` +
+		`"domain":"kvm-k8s.io-c1-0123","vmDir":"/var/lib/x/vms/kvm-k8s.io-c1-0123",` +
+		`"overlay":"/var/lib/x/pods/u/overlay.qcow2","keepOverlay":true,` +
+		`"numaOwner":"kvm-k8s.io-c1-0123","numaStore":"/run/x/numa.json",` +
+		`"network":{"netns":"/var/run/netns/cni-1","links":[{"podIf":"eth0","tap":"tap0","createdQdisc":true}]},` +
 		`"cgroup":"/kubepods/pod1/c1","cgroupCreated":true,"podUID":"u"}`))
 	f.Add([]byte(`{"kind":"sandbox","id":"sb","podNetwork":{},"network":{"netns":"/n","podIf":"eth0","tap":"t","createdQdisc":true}}`))
 	f.Add([]byte(`{"kind":"vm","id":"\u0000","pid":-1,"network":null}`))
@@ -152,7 +154,7 @@ func FuzzReadRecord(f *testing.F) {
 		if r == nil {
 			t.Fatal("an existing record read as none")
 		}
-		if err := writeRecord(dir, r); err != nil {
+		if err = writeRecord(dir, r); err != nil {
 			t.Fatalf("write back: %v", err)
 		}
 		back, err := readRecord(dir)

@@ -87,14 +87,14 @@ func newHost(ctx context.Context, cfg Config, kvm vm.KVMInfo) (*host, error) {
 		log.G(ctx).Warn(warning)
 	}
 	l := layout{root: cfg.StateDir}
-	if err := l.ensure(); err != nil {
+	if err = l.ensure(); err != nil {
 		return nil, err
 	}
 	// The console socket path must fit a sockaddr_un.
 	if sock := filepath.Join(l.vmDir("0123456789ab"), "console.sock"); len(sock) > 107 {
 		return nil, fmt.Errorf("state_dir %s is too long: socket paths under it would exceed 107 bytes", l.root)
 	}
-	if err := checkSearchable(l.root); err != nil {
+	if err = checkSearchable(l.root); err != nil {
 		return nil, err
 	}
 	uid, gid, err := lookupQEMUUser(cfg.QEMUUser)
@@ -133,7 +133,8 @@ func checkSearchable(dir string) error {
 			return fmt.Errorf("state_dir %s: %w", dir, err)
 		}
 		if st.Mode().Perm()&0o001 == 0 {
-			return fmt.Errorf("state_dir %s: %s (mode %#o) is not searchable by the QEMU user; give it o+x or choose another state_dir", dir, d, st.Mode().Perm())
+			return fmt.Errorf("state_dir %s: %s (mode %#o) is not searchable by the QEMU user; give it o+x or choose another state_dir", dir, d,
+				st.Mode().Perm())
 		}
 		if d == "/" {
 			return nil

@@ -53,13 +53,13 @@ func (Manager) Start(ctx context.Context, id string, opts shim.StartOpts) (_ str
 		}
 		if shim.CanConnect(address) {
 			// The pod's shim is already running: hand its address back.
-			if err := shim.WriteAddress("address", address); err != nil {
+			if err = shim.WriteAddress("address", address); err != nil {
 				return "", err
 			}
 			return address, nil
 		}
 		// A stale socket from a shim that died.
-		if err := shim.RemoveSocket(address); err != nil {
+		if err = shim.RemoveSocket(address); err != nil {
 			return "", fmt.Errorf("remove stale shim socket: %w", err)
 		}
 		if socket, err = shim.NewSocket(address); err != nil {
@@ -72,7 +72,7 @@ func (Manager) Start(ctx context.Context, id string, opts shim.StartOpts) (_ str
 			_ = shim.RemoveSocket(address)
 		}
 	}()
-	if err := shim.WriteAddress("address", address); err != nil {
+	if err = shim.WriteAddress("address", address); err != nil {
 		return "", err
 	}
 	f, err := socket.File()

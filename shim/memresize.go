@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -25,7 +25,8 @@ const memoryPlugTimeout = 20 * time.Second
 // annotation, else the config's hotplug_max_memory_mib, never below
 // memMiB. A dedicated VM's reservation cannot change live.
 func hotplugMaxMemoryMiB(spec *specs.Spec, cfg Config, memMiB int, mode numa.Mode) (int, error) {
-	return hotplugMax(spec, hotplugLimit{AnnotationMaxMemory, "MiB", "max_memory_mib", cfg.MaxMemoryMiB, cfg.HotplugMaxMemoryMiB}, memMiB, mode)
+	return hotplugMax(spec, hotplugLimit{AnnotationMaxMemory, "MiB", "max_memory_mib", cfg.MaxMemoryMiB, cfg.HotplugMaxMemoryMiB}, memMiB,
+		mode)
 }
 
 // memorySize is a VM's memory as resize sees it: what it booted with, in
@@ -49,10 +50,12 @@ func (m memorySize) plugFor(memMiB int) int {
 func (m memorySize) checkMemory(id string, memMiB int) error {
 	switch {
 	case memMiB > m.maxMiB:
-		return fmt.Errorf("resize %s: linux.resources.memory.limit asks for %d MiB of guest memory, more than the %d MiB the VM may grow to (annotation %s, config hotplug_max_memory_mib): %w",
+		return fmt.Errorf("resize %s: linux.resources.memory.limit asks for %d MiB of guest memory, more than the %d MiB the VM may grow to "+
+			"(annotation %s, config hotplug_max_memory_mib): %w",
 			id, memMiB, m.maxMiB, AnnotationMaxMemory, errdefs.ErrInvalidArgument)
 	case memMiB < m.bootMiB:
-		return fmt.Errorf("resize %s: linux.resources.memory.limit asks for %d MiB of guest memory, below the %d MiB the guest booted with, which it cannot give back (recreate the container): %w",
+		return fmt.Errorf("resize %s: linux.resources.memory.limit asks for %d MiB of guest memory, below the %d MiB the guest booted with, "+
+			"which it cannot give back (recreate the container): %w",
 			id, memMiB, m.bootMiB, errdefs.ErrFailedPrecondition)
 	}
 	return nil
@@ -86,7 +89,8 @@ func (t *vmTask) syncMemoryLocked(ctx context.Context, cur int) int {
 		return cur
 	}
 	if n := t.mem.bootMiB + p.RequestedMiB; n != cur && p.RequestedMiB != t.mem.plugFor(cur) {
-		log.G(ctx).WithField("vm", t.rec.Domain).WithField("recorded", cur).WithField("live", n).Info("the VM's hot-added memory changed outside a resize")
+		log.G(ctx).WithField("vm",
+			t.rec.Domain).WithField("recorded", cur).WithField("live", n).Info("the VM's hot-added memory changed outside a resize")
 		t.mu.Lock()
 		t.memMiB = n
 		t.mu.Unlock()

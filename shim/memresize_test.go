@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
@@ -76,7 +76,8 @@ func memVM(t *testing.T) (*vmFixture, *vmTask) {
 func TestVMTaskUpdateMemory(t *testing.T) {
 	f, vt := memVM(t)
 	xml := f.fake.doms[vt.rec.Domain].xml
-	for _, want := range []string{`<maxMemory slots="1" unit="MiB">1536</maxMemory>`, `<memory model="virtio-mem">`, `<size unit="KiB">1048576</size>`} {
+	for _, want := range []string{`<maxMemory slots="1" unit="MiB">1536</maxMemory>`, `<memory model="virtio-mem">`,
+		`<size unit="KiB">1048576</size>`} {
 		if !strings.Contains(xml, want) {
 			t.Errorf("domain lacks %s:\n%s", want, xml)
 		}
@@ -119,10 +120,12 @@ func TestVMTaskUpdateMemoryRefused(t *testing.T) {
 		is    func(error) bool
 		want  string
 	}{
-		"above the maximum":        {res: memResources(2048), is: errdefs.IsInvalidArgument, want: "linux.resources.memory.limit"},
-		"below the boot memory":    {res: memResources(256), is: errdefs.IsFailedPrecondition, want: "linux.resources.memory.limit"},
-		"guest does not plug":      {res: memResources(1024), stuck: true, is: errdefs.IsFailedPrecondition, want: "linux.resources.memory.limit"},
-		"guest does not plug, cpu": {res: func() *specs.LinuxResources { r := memResources(1024); r.CPU = cpuResources(200000).CPU; return r }(), stuck: true, is: errdefs.IsFailedPrecondition, want: "1024 MiB"},
+		"above the maximum":     {res: memResources(2048), is: errdefs.IsInvalidArgument, want: "linux.resources.memory.limit"},
+		"below the boot memory": {res: memResources(256), is: errdefs.IsFailedPrecondition, want: "linux.resources.memory.limit"},
+		"guest does not plug": {res: memResources(1024), stuck: true, is: errdefs.IsFailedPrecondition,
+			want: "linux.resources.memory.limit"},
+		"guest does not plug, cpu": {res: func() *specs.LinuxResources { r := memResources(1024); r.CPU = cpuResources(200000).CPU; return r }(),
+			stuck: true, is: errdefs.IsFailedPrecondition, want: "1024 MiB"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			f, vt := memVM(t)
@@ -134,7 +137,8 @@ func TestVMTaskUpdateMemoryRefused(t *testing.T) {
 			p, _ := f.fake.Plugged(vt.rec.Domain)
 			n, _ := f.fake.VCPUs(vt.rec.Domain)
 			if vt.memMiB != 512 || p.RequestedMiB != 0 || p.CurrentMiB != 0 || vt.vcpus != 1 || n > 1 {
-				t.Errorf("after a refused resize: task %d MiB %d vCPUs, device %+v, domain %d vCPUs; want 512 MiB, 1 vCPU, nothing plugged", vt.memMiB, vt.vcpus, p, n)
+				t.Errorf("after a refused resize: task %d MiB %d vCPUs, device %+v, domain %d vCPUs; want 512 MiB, 1 vCPU, nothing plugged", vt.memMiB,
+					vt.vcpus, p, n)
 			}
 		})
 	}

@@ -51,10 +51,10 @@ func (v vmIdentity) runtimeKey() string {
 
 var unsafeName = regexp.MustCompile(`[^a-z0-9.-]+`)
 
-func namePart(s string, max int) string {
+func namePart(s string, maxLen int) string {
 	s = strings.Trim(unsafeName.ReplaceAllString(strings.ToLower(s), "-"), "-.")
-	if len(s) > max {
-		s = strings.Trim(s[:max], "-.")
+	if len(s) > maxLen {
+		s = strings.Trim(s[:maxLen], "-.")
 	}
 	if s == "" {
 		s = "x"

@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -109,13 +109,14 @@ func netQueues(vcpus, maxQueues, nics int, vhost bool) int {
 // interfaces or addresses changed since is refused. record is given what
 // the next step makes before it is taken, and each step's undo goes on
 // undo as soon as it succeeds.
-func setupNetwork(ctx context.Context, h *host, netns string, sandboxNet *netfd.PodNetwork, domain, key string, vcpus int, record func(*vmNetwork) error, undo *rollback, fdOpts ...netfd.ServeOption) (netfd.PodNetwork, *netfd.Server, error) {
+func setupNetwork(ctx context.Context, h *host, netns string, sandboxNet *netfd.PodNetwork, domain, key string, vcpus int,
+	record func(*vmNetwork) error, undo *rollback, fdOpts ...netfd.ServeOption) (netfd.PodNetwork, *netfd.Server, error) {
 	pn, err := netfd.Inspect(netns)
 	if err != nil {
 		return pn, nil, err
 	}
 	if sandboxNet != nil {
-		if err := pn.SameAs(*sandboxNet); err != nil {
+		if err = pn.SameAs(*sandboxNet); err != nil {
 			return pn, nil, err
 		}
 	}
@@ -141,23 +142,23 @@ func setupNetwork(ctx context.Context, h *host, netns string, sandboxNet *netfd.
 		})
 	}
 	// Every TAP is in the record before the first is made.
-	if err := record(n); err != nil {
+	if err = record(n); err != nil {
 		return pn, nil, err
 	}
 	for i, ifc := range pn.Interfaces {
 		tap := taps[i]
-		if err := netfd.CreateTAP(netns, tap); err != nil {
-			return pn, nil, fmt.Errorf("pod interface %s: %w", ifc.Name, err)
+		if createTAPErr := netfd.CreateTAP(netns, tap); createTAPErr != nil {
+			return pn, nil, fmt.Errorf("pod interface %s: %w", ifc.Name, createTAPErr)
 		}
 		undo.add(func() { _ = netfd.DeleteTAP(netns, tap.Name) })
-		created, err := netfd.Wire(netns, ifc.Name, tap.Name)
-		if err != nil {
-			return pn, nil, fmt.Errorf("pod interface %s: %w", ifc.Name, err)
+		created, wireErr := netfd.Wire(netns, ifc.Name, tap.Name)
+		if wireErr != nil {
+			return pn, nil, fmt.Errorf("pod interface %s: %w", ifc.Name, wireErr)
 		}
 		undo.add(func() { _ = netfd.Unwire(netns, ifc.Name, tap.Name, created) })
 		n.Links[i].CreatedQdisc = created
-		if err := record(n); err != nil {
-			return pn, nil, err
+		if recordErr := record(n); recordErr != nil {
+			return pn, nil, recordErr
 		}
 	}
 
@@ -170,15 +171,15 @@ func setupNetwork(ctx context.Context, h *host, netns string, sandboxNet *netfd.
 			return grant, nil, err
 		}
 		for _, tap := range taps {
-			q, err := netfd.OpenQueues(netns, tap, queues)
-			if err != nil {
-				return fail(err)
+			q, openQueuesErr := netfd.OpenQueues(netns, tap, queues)
+			if openQueuesErr != nil {
+				return fail(openQueuesErr)
 			}
 			files = append(files, netfd.NICFiles{TAP: q})
 			if vhost {
-				v, err := netfd.OpenVhost(queues)
-				if err != nil {
-					return fail(err)
+				v, openVhostErr := netfd.OpenVhost(queues)
+				if openVhostErr != nil {
+					return fail(openVhostErr)
 				}
 				files[len(files)-1].Vhost = v
 			}
@@ -261,13 +262,15 @@ func ipKernelArg(pn netfd.PodNetwork, dns []netip.Addr, hostname string) (arg st
 // inits); a direct-boot guest also gets ip= on its command line when ip=
 // can say it. Without a drive, a direct-boot guest whose network ip=
 // cannot express is refused, and a disk image is told nothing (logged).
-func guestNetworkPath(ctx context.Context, pn netfd.PodNetwork, dns []netip.Addr, ident vmIdentity, src vm.BootSource, set *vmSettings) error {
+func guestNetworkPath(ctx context.Context, pn netfd.PodNetwork, dns []netip.Addr, ident vmIdentity, src vm.BootSource,
+	set *vmSettings) error {
 	arg, why, ok := ipKernelArg(pn, dns, configdrive.SanitizeHostname(ident.name()))
 	switch {
 	case src.Kernel != "" && ok:
 		set.cmdline += " " + arg
 	case src.Kernel != "" && set.drive.Disabled:
-		return fmt.Errorf("annotation %s=false: a direct-boot guest without a config drive gets its network from the kernel's ip=, which cannot express this pod's network (%s): %w",
+		return fmt.Errorf("annotation %s=false: a direct-boot guest without a config drive gets its network from the kernel's ip=, which "+
+			"cannot express this pod's network (%s): %w",
 			configdrive.AnnotationEnabled, why, errdefs.ErrInvalidArgument)
 	case src.Kernel == "" && set.drive.Disabled:
 		log.G(ctx).WithField("vm", ident.DomainName()).Warn("no config drive (annotation " + configdrive.AnnotationEnabled +

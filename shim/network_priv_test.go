@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/errdefs"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
@@ -54,7 +54,8 @@ func twoInterfaceNetns(t *testing.T) string {
 // leftIn lists our TAPs and ingress qdiscs in the namespace.
 func leftIn(t *testing.T, netns string) string {
 	t.Helper()
-	out, err := exec.Command("nsenter", "--net="+netns, "sh", "-c", "ip -o link show; for d in eth0 net1; do tc qdisc show dev $d ingress; done").CombinedOutput()
+	out, err := exec.Command("nsenter", "--net="+netns, "sh", "-c",
+		"ip -o link show; for d in eth0 net1; do tc qdisc show dev $d ingress; done").CombinedOutput()
 	if err != nil {
 		t.Fatalf("inspect %s: %v: %s", netns, err, out)
 	}

@@ -41,8 +41,10 @@ func TestIPKernelArg(t *testing.T) {
 			route("169.254.1.1/32", ""), route("0.0.0.0/0", "169.254.1.1"))}}, "", "route 169.254.1.1/32 on-link"},
 		{"cilium gateway outside", netfd.PodNetwork{Interfaces: []netfd.Interface{iface("eth0", "02:00:00:00:00:01", []string{"10.88.0.5/32"},
 			route("0.0.0.0/0", "10.99.0.1"))}}, "", "gateway 10.99.0.1 of eth0 is outside 10.88.0.5/32"},
-		{"ipv6", netfd.PodNetwork{Interfaces: []netfd.Interface{iface("eth0", "02:00:00:00:00:01", []string{"10.88.0.5/24", "fd00::5/64"})}}, "", "IPv6 address fd00::5/64"},
-		{"two interfaces", netfd.PodNetwork{Interfaces: []netfd.Interface{bridge, iface("net1", "02:00:00:00:00:02", []string{"10.89.0.5/24"})}}, "", "2 interfaces"},
+		{"ipv6", netfd.PodNetwork{Interfaces: []netfd.Interface{iface("eth0", "02:00:00:00:00:01", []string{"10.88.0.5/24", "fd00::5/64"})}}, "",
+			"IPv6 address fd00::5/64"},
+		{"two interfaces", netfd.PodNetwork{Interfaces: []netfd.Interface{bridge, iface("net1", "02:00:00:00:00:02", []string{"10.89.0.5/24"})}},
+			"", "2 interfaces"},
 	}
 	for _, c := range cases {
 		arg, why, ok := ipKernelArg(c.pn, dns, "vm")

@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -146,7 +146,8 @@ func hugePageKiB(spec *specs.Spec) (uint64, error) {
 		case "1GB":
 			return 1 << 20, nil
 		}
-		return 0, fmt.Errorf("linux.resources.hugepageLimits: page size %q is not supported (2MB or 1GB): %w", h.Pagesize, errdefs.ErrInvalidArgument)
+		return 0, fmt.Errorf("linux.resources.hugepageLimits: page size %q is not supported (2MB or 1GB): %w", h.Pagesize,
+			errdefs.ErrInvalidArgument)
 	}
 	return 0, nil
 }

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
@@ -15,8 +15,10 @@ func TestPinningFromPlacement(t *testing.T) {
 	if p := pinning(numa.Placement{Mode: numa.ModeNone}); p != nil {
 		t.Errorf("mode none pinned: %+v", p)
 	}
-	ded := pinning(numa.Placement{Mode: numa.ModeDedicated, VCPUs: 2, Nodes: []int{1}, CPUs: []int{6, 7}, VCPUPins: []int{7, 6}, EmulatorCPUs: []int{4}})
-	if !reflect.DeepEqual(ded.VCPUPins, [][]int{{7}, {6}}) || !reflect.DeepEqual(ded.EmulatorCPUs, []int{4}) || !reflect.DeepEqual(ded.MemoryNodes, []int{1}) {
+	ded := pinning(numa.Placement{Mode: numa.ModeDedicated, VCPUs: 2, Nodes: []int{1}, CPUs: []int{6, 7}, VCPUPins: []int{7, 6},
+		EmulatorCPUs: []int{4}})
+	if !reflect.DeepEqual(ded.VCPUPins, [][]int{{7}, {6}}) || !reflect.DeepEqual(ded.EmulatorCPUs, []int{4}) ||
+		!reflect.DeepEqual(ded.MemoryNodes, []int{1}) {
 		t.Errorf("dedicated: %+v", ded)
 	}
 	spread := pinning(numa.Placement{Mode: numa.ModeNode, VCPUs: 3, Nodes: []int{0, 1}, GuestNodes: []numa.GuestNode{
@@ -37,7 +39,8 @@ func TestNUMAModeAndHugePages(t *testing.T) {
 	if _, err := numaMode(s, cfg); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), AnnotationNUMAMode) {
 		t.Errorf("bad mode: %v", err)
 	}
-	limit := &specs.Spec{Linux: &specs.Linux{Resources: &specs.LinuxResources{HugepageLimits: []specs.LinuxHugepageLimit{{Pagesize: "2MB", Limit: 1 << 30}}}}}
+	limit := &specs.Spec{Linux: &specs.Linux{Resources: &specs.LinuxResources{HugepageLimits: []specs.LinuxHugepageLimit{{Pagesize: "2MB",
+		Limit: 1 << 30}}}}}
 	if kib, err := hugePageKiB(limit); err != nil || kib != 2048 {
 		t.Errorf("2MB pages: %d, %v", kib, err)
 	}

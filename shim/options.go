@@ -4,9 +4,9 @@ import (
 	"fmt"
 
 	cgroup1stats "github.com/containerd/cgroups/v3/cgroup1/stats"
-	"github.com/containerd/containerd/errdefs"
 	runtimeoptions "github.com/containerd/containerd/pkg/runtimeoptions/v1"
 	"github.com/containerd/containerd/protobuf"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -25,9 +25,10 @@ func configPath(options *anypb.Any) (string, error) {
 	}
 	o, ok := v.(*runtimeoptions.Options)
 	if !ok {
-		return "", fmt.Errorf("runtime options of type %s are not for this runtime; use runtimeoptions.v1.Options with ConfigPath: %w", options.GetTypeUrl(), errdefs.ErrInvalidArgument)
+		return "", fmt.Errorf("runtime options of type %s are not for this runtime; use runtimeoptions.v1.Options with ConfigPath: %w",
+			options.GetTypeUrl(), errdefs.ErrInvalidArgument)
 	}
-	if o.ConfigBody != nil && len(o.ConfigBody) > 0 {
+	if len(o.ConfigBody) > 0 {
 		return "", fmt.Errorf("runtime options ConfigBody is not supported; use ConfigPath: %w", errdefs.ErrInvalidArgument)
 	}
 	return o.ConfigPath, nil

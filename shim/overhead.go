@@ -14,5 +14,6 @@ const PodFixedOverheadMiB = 144
 
 // overheadNote is `check`'s line on the overhead to declare.
 func overheadNote() string {
-	return fmt.Sprintf("declare RuntimeClass overhead.podFixed memory: %dMi (measured under TCG with all guest RAM touched; see docs/resources.md)", PodFixedOverheadMiB)
+	return fmt.Sprintf("declare RuntimeClass overhead.podFixed memory: %dMi (measured under TCG with all guest RAM touched; see docs/resources.md)",
+		PodFixedOverheadMiB)
 }

@@ -27,7 +27,8 @@ func logPanic(ctx context.Context, what string, r any) error {
 
 // recoverCalls is the ttrpc interceptor step that turns a panic in a task
 // API method into an Internal error for that call.
-func recoverCalls(ctx context.Context, unmarshal ttrpc.Unmarshaler, info *ttrpc.UnaryServerInfo, method ttrpc.Method) (resp interface{}, err error) {
+func recoverCalls(ctx context.Context, unmarshal ttrpc.Unmarshaler, info *ttrpc.UnaryServerInfo,
+	method ttrpc.Method) (resp interface{}, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			resp, err = nil, status.Error(codes.Internal, logPanic(ctx, info.FullMethod, r).Error())

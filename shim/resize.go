@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/containerd/containerd/api/types/task"
-	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -48,10 +48,12 @@ func hotplugMax(spec *specs.Spec, l hotplugLimit, cur int, mode numa.Mode) (int,
 	}
 	n, err := strconv.Atoi(strings.TrimSpace(v))
 	if err != nil || n < cur || n > l.bound {
-		return 0, fmt.Errorf("annotation %s = %q: want a whole number from the VM's %d %s to %s %d: %w", l.annotation, v, cur, l.unit, l.boundKey, l.bound, errdefs.ErrInvalidArgument)
+		return 0, fmt.Errorf("annotation %s = %q: want a whole number from the VM's %d %s to %s %d: %w", l.annotation, v, cur, l.unit, l.boundKey,
+			l.bound, errdefs.ErrInvalidArgument)
 	}
 	if n > cur && mode == numa.ModeDedicated {
-		return 0, fmt.Errorf("annotation %s = %q: a VM in numa-mode dedicated cannot grow its %s live: %w", l.annotation, v, l.unit, errdefs.ErrInvalidArgument)
+		return 0, fmt.Errorf("annotation %s = %q: a VM in numa-mode dedicated cannot grow its %s live: %w", l.annotation, v, l.unit,
+			errdefs.ErrInvalidArgument)
 	}
 	return n, nil
 }
@@ -102,7 +104,8 @@ func (t *vmTask) update(ctx context.Context, r *specs.LinuxResources) error {
 	status, cur, plugged, mem := t.status, t.vcpus, t.plugged, t.memMiB
 	t.mu.Unlock()
 	if status != task.Status_RUNNING {
-		return fmt.Errorf("resize %s: the VM is %s; only a running VM is resized live: %w", t.id, strings.ToLower(status.String()), errdefs.ErrFailedPrecondition)
+		return fmt.Errorf("resize %s: the VM is %s; only a running VM is resized live: %w", t.id, strings.ToLower(status.String()),
+			errdefs.ErrFailedPrecondition)
 	}
 	cur, plugged = t.syncVCPUsLocked(ctx, cur, plugged)
 	mem = t.syncMemoryLocked(ctx, mem)
@@ -112,7 +115,8 @@ func (t *vmTask) update(ctx context.Context, r *specs.LinuxResources) error {
 	}
 	switch {
 	case want.vcpus > t.maxVCPUs:
-		return fmt.Errorf("resize %s: linux.resources.cpu asks for %d vCPUs, more than the %d the VM may grow to (annotation %s, config hotplug_max_vcpus): %w",
+		return fmt.Errorf("resize %s: linux.resources.cpu asks for %d vCPUs, more than the %d the VM may grow to (annotation %s, config "+
+			"hotplug_max_vcpus): %w",
 			t.id, want.vcpus, t.maxVCPUs, AnnotationMaxVCPUs, errdefs.ErrInvalidArgument)
 	case want.vcpus == cur && want.memMiB == mem:
 		return nil

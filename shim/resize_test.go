@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -109,7 +109,8 @@ func TestVMTaskUpdateVCPUs(t *testing.T) {
 		}
 		qemu, _ := f.fake.VCPUs(vt.rec.Domain)
 		online, _ := f.fake.GuestVCPUs(vt.rec.Domain)
-		if strings.Join(calls, ",") != strings.Join(step.calls, ",") || qemu != step.qemu || online != step.online || vt.plugged != step.plugged || vt.vcpus != step.live {
+		if strings.Join(calls, ",") != strings.Join(step.calls, ",") || qemu != step.qemu || online != step.online ||
+			vt.plugged != step.plugged || vt.vcpus != step.live {
 			t.Errorf("%s: calls %q, QEMU %d vCPUs, guest %d online, task %d online of %d; want %q, %d, %d, %d of %d",
 				step.what, calls, qemu, online, vt.vcpus, vt.plugged, step.calls, step.qemu, step.online, step.live, step.plugged)
 		}
@@ -124,8 +125,9 @@ func TestVMTaskUpdateShrinkRefused(t *testing.T) {
 		is    func(error) bool
 		want  string
 	}{
-		"no agent":             {func(f *fakeDomains) { f.guest.SetAbsent(true) }, errdefs.IsFailedPrecondition, "needs the QEMU guest agent"},
-		"guest keeps its CPUs": {func(f *fakeDomains) { f.cpuStuck = true }, errdefs.IsFailedPrecondition, "the guest has 2 vCPUs online, asked for 1"},
+		"no agent": {func(f *fakeDomains) { f.guest.SetAbsent(true) }, errdefs.IsFailedPrecondition, "needs the QEMU guest agent"},
+		"guest keeps its CPUs": {func(f *fakeDomains) { f.cpuStuck = true }, errdefs.IsFailedPrecondition,
+			"the guest has 2 vCPUs online, asked for 1"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			f := newVMFixture(t)
@@ -181,11 +183,13 @@ func TestVMTaskUpdateRefused(t *testing.T) {
 		is    func(error) bool
 		want  string
 	}{
-		"above the maximum":        {res: cpuResources(500000), is: errdefs.IsInvalidArgument, want: "linux.resources.cpu"},
-		"memory without a maximum": {res: &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}}, is: errdefs.IsInvalidArgument, want: "linux.resources.memory.limit"},
+		"above the maximum": {res: cpuResources(500000), is: errdefs.IsInvalidArgument, want: "linux.resources.cpu"},
+		"memory without a maximum": {res: &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}}, is: errdefs.IsInvalidArgument,
+			want: "linux.resources.memory.limit"},
 		"paused": {res: cpuResources(200000), is: errdefs.IsFailedPrecondition, want: "paused",
 			setup: func(f *vmFixture, vt *vmTask) { _ = vt.pause(context.Background()) }},
-		"libvirt fails": {res: cpuResources(300000), is: func(err error) bool { return strings.Contains(err.Error(), "guest refused") }, want: "3 vCPUs",
+		"libvirt fails": {res: cpuResources(300000), is: func(err error) bool { return strings.Contains(err.Error(), "guest refused") },
+			want:  "3 vCPUs",
 			setup: func(f *vmFixture, vt *vmTask) { f.fake.vcpuErr = errors.New("guest refused") }},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -206,7 +210,8 @@ func TestVMTaskUpdateRefused(t *testing.T) {
 	}
 	f := newVMFixture(t)
 	vt := f.created()
-	if err := vt.update(context.Background(), cpuResources(200000)); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "created") {
+	if err := vt.update(context.Background(), cpuResources(200000)); !errdefs.IsFailedPrecondition(err) ||
+		!strings.Contains(err.Error(), "created") {
 		t.Errorf("resize before start: %v", err)
 	}
 }
@@ -270,7 +275,8 @@ func TestVMTaskUpdateVCPUsNUMA(t *testing.T) {
 			t.Fatalf("to %d vCPUs: %v", step.quota/100000, err)
 		}
 		if got := reserved(); got != step.want || vt.vcpus != step.live {
-			t.Errorf("to %d vCPUs (%v): reservation %d vCPUs, task %d online; want %d, %d", step.quota/100000, err, got, vt.vcpus, step.want, step.live)
+			t.Errorf("to %d vCPUs (%v): reservation %d vCPUs, task %d online; want %d, %d", step.quota/100000, err, got, vt.vcpus, step.want,
+				step.live)
 		}
 		if errdefs.IsResourceExhausted(err) && len(f.fake.called()) != calls {
 			t.Errorf("a growth without room asked %v", f.fake.called()[calls:])

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	apitypes "github.com/containerd/containerd/api/types"
-	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/opencontainers/runtime-spec/specs-go/features"
 	"golang.org/x/sys/unix"
@@ -19,7 +19,8 @@ import (
 func newSandbox(t *testing.T, l layout, id, podUID string) *sandboxTask {
 	t.Helper()
 	spec := &specs.Spec{Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.NetworkNamespace, Path: "/var/run/netns/cni-1"}}}}
-	sb, err := createSandboxTask(context.Background(), l, createRequest{id: id, bundle: t.TempDir(), spec: spec}, vmIdentity{Namespace: "k8s.io", PodUID: podUID}, func(any) {})
+	sb, err := createSandboxTask(context.Background(), l, createRequest{id: id, bundle: t.TempDir(), spec: spec},
+		vmIdentity{Namespace: "k8s.io", PodUID: podUID}, func(any) {})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +131,8 @@ func TestSandboxFirstKeepsStateDirSearchable(t *testing.T) {
 	if err := l.ensurePodVMDir("pod-1", "vm"); err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range []string{l.root, filepath.Join(l.root, "vms"), filepath.Join(l.root, "pods"), l.podDir("pod-1"), l.podVMDir("pod-1", "vm")} {
+	for _, d := range []string{l.root, filepath.Join(l.root, "vms"), filepath.Join(l.root, "pods"), l.podDir("pod-1"),
+		l.podVMDir("pod-1", "vm")} {
 		st, err := os.Stat(d)
 		if err != nil || st.Mode().Perm()&0o001 == 0 {
 			t.Errorf("%s: mode %v, %v", d, st.Mode(), err)

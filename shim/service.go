@@ -13,13 +13,16 @@ import (
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v2"
 	"github.com/containerd/containerd/api/types"
 	apitask "github.com/containerd/containerd/api/types/task"
-	"github.com/containerd/containerd/errdefs"
+	// Only for ToGRPC (the module at v0.3.0 has no gRPC mapping); the
+	// error classes come from github.com/containerd/errdefs, as everywhere.
+	errgrpc "github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/mount"
 	"github.com/containerd/containerd/namespaces"
 	"github.com/containerd/containerd/pkg/shutdown"
 	"github.com/containerd/containerd/protobuf"
 	ptypes "github.com/containerd/containerd/protobuf/types"
 	"github.com/containerd/containerd/runtime/v2/shim"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -113,7 +116,7 @@ func (s *service) RegisterTTRPC(server *ttrpc.Server) error {
 func (s *service) UnaryInterceptor() ttrpc.UnaryServerInterceptor {
 	return func(ctx context.Context, unmarshal ttrpc.Unmarshaler, info *ttrpc.UnaryServerInfo, method ttrpc.Method) (interface{}, error) {
 		resp, err := recoverCalls(ctx, unmarshal, info, method)
-		return resp, errdefs.ToGRPC(err)
+		return resp, errgrpc.ToGRPC(err)
 	}
 }
 
@@ -277,7 +280,8 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	delete(s.tasks, r.ID)
 	s.mu.Unlock()
 	_, pid, status, at := t.base().snapshot()
-	s.events.send(&eventstypes.TaskDelete{ContainerID: r.ID, ID: r.ID, Pid: uint32(pid), ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)})
+	s.events.send(&eventstypes.TaskDelete{ContainerID: r.ID, ID: r.ID, Pid: uint32(pid), ExitStatus: status,
+		ExitedAt: protobuf.ToTimestamp(at)})
 	return &taskAPI.DeleteResponse{Pid: uint32(pid), ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)}, nil
 }
 
@@ -325,21 +329,21 @@ func (s *service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.
 	var st vm.Stats
 	if v, ok := t.(*vmTask); ok {
 		if v.cgroup != nil {
-			any, err := v.cgroupStats(ctx)
-			if err != nil {
-				return nil, err
+			stats, statsErr := v.cgroupStats(ctx)
+			if statsErr != nil {
+				return nil, statsErr
 			}
-			return &taskAPI.StatsResponse{Stats: any}, nil
+			return &taskAPI.StatsResponse{Stats: stats}, nil
 		}
 		if st, err = v.stats(ctx); err != nil {
 			return nil, err
 		}
 	}
-	any, err := metrics(st)
+	stats, err := metrics(st)
 	if err != nil {
 		return nil, err
 	}
-	return &taskAPI.StatsResponse{Stats: any}, nil
+	return &taskAPI.StatsResponse{Stats: stats}, nil
 }
 
 func (s *service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*taskAPI.ConnectResponse, error) {

@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -38,7 +38,8 @@ func vmSize(spec *specs.Spec, cfg Config) (vcpus, memoryMiB int, err error) {
 			q, p := uint64(*c.Quota), *c.Period
 			vcpus = int((q + p - 1) / p)
 			if vcpus > cfg.MaxVCPUs {
-				return 0, 0, fmt.Errorf("linux.resources.cpu quota %d/period %d asks for %d vCPUs, more than max_vcpus %d: %w", q, p, vcpus, cfg.MaxVCPUs, errdefs.ErrInvalidArgument)
+				return 0, 0, fmt.Errorf("linux.resources.cpu quota %d/period %d asks for %d vCPUs, more than max_vcpus %d: %w", q, p, vcpus,
+					cfg.MaxVCPUs, errdefs.ErrInvalidArgument)
 			}
 		}
 		if m := r.Memory; m != nil && m.Limit != nil && *m.Limit > 0 {
@@ -51,7 +52,8 @@ func vmSize(spec *specs.Spec, cfg Config) (vcpus, memoryMiB int, err error) {
 	if v, ok := spec.Annotations[AnnotationVCPUs]; ok {
 		n, err := strconv.Atoi(strings.TrimSpace(v))
 		if err != nil || n < 1 || n > cfg.MaxVCPUs {
-			return 0, 0, fmt.Errorf("annotation %s = %q: want a whole number from 1 to %d: %w", AnnotationVCPUs, v, cfg.MaxVCPUs, errdefs.ErrInvalidArgument)
+			return 0, 0, fmt.Errorf("annotation %s = %q: want a whole number from 1 to %d: %w", AnnotationVCPUs, v, cfg.MaxVCPUs,
+				errdefs.ErrInvalidArgument)
 		}
 		vcpus = n
 	}
@@ -77,7 +79,8 @@ func resources(spec *specs.Spec) *specs.LinuxResources {
 
 func checkMemory(m int, cfg Config, source string) error {
 	if m < minMemoryMiB || m > cfg.MaxMemoryMiB {
-		return fmt.Errorf("%s gives %d MiB of guest memory; want %d to %d MiB: %w", source, m, minMemoryMiB, cfg.MaxMemoryMiB, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("%s gives %d MiB of guest memory; want %d to %d MiB: %w", source, m, minMemoryMiB, cfg.MaxMemoryMiB,
+			errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
@@ -117,7 +120,8 @@ func kernelCmdline(spec *specs.Spec, cfg Config) (string, error) {
 		return cfg.KernelCmdline, nil
 	}
 	if len(v) > maxKernelCmdline || strings.ContainsAny(v, "\x00\n\r") {
-		return "", fmt.Errorf("annotation %s: want one line of at most %d bytes: %w", AnnotationKernelCmdline, maxKernelCmdline, errdefs.ErrInvalidArgument)
+		return "", fmt.Errorf("annotation %s: want one line of at most %d bytes: %w", AnnotationKernelCmdline, maxKernelCmdline,
+			errdefs.ErrInvalidArgument)
 	}
 	return v, nil
 }

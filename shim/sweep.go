@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/moby/sys/mountinfo"
 
@@ -83,8 +83,8 @@ func sweep(ctx context.Context, l layout, conn sweeper, fdSocketDir string, rele
 			referenced[m.StateDir] = true
 			continue
 		}
-		st, err := conn.State(name)
-		if err != nil || st.Running {
+		st, stateErr := conn.State(name)
+		if stateErr != nil || st.Running {
 			referenced[m.StateDir] = true
 			continue
 		}
@@ -94,23 +94,23 @@ func sweep(ctx context.Context, l layout, conn sweeper, fdSocketDir string, rele
 		// (A shim's own Creates wait for its sweep; this covers another
 		// shim's, but for the moment between this read and the
 		// undefine.) The lost VM's NUMA reservation is its own either way.
-		cur, err := conn.Metadata(name)
-		if err != nil || cur.StateDir != m.StateDir {
-			if err == nil {
+		cur, metadataErr := conn.Metadata(name)
+		if metadataErr != nil || cur.StateDir != m.StateDir {
+			if metadataErr == nil {
 				referenced[cur.StateDir] = true
 			}
-			if err == nil || errdefs.IsNotFound(err) {
+			if metadataErr == nil || errdefs.IsNotFound(metadataErr) {
 				sweepNUMA(ctx, releaseNUMA, name, m.ContainerID)
 			}
 			continue
 		}
-		if err := conn.Undefine(name); err != nil && !errdefs.IsNotFound(err) {
-			log.G(ctx).WithError(err).WithField("vm", name).Warn("sweep: undefine a domain of no live VM")
+		if undefineErr := conn.Undefine(name); undefineErr != nil && !errdefs.IsNotFound(undefineErr) {
+			log.G(ctx).WithError(undefineErr).WithField("vm", name).Warn("sweep: undefine a domain of no live VM")
 			referenced[m.StateDir] = true
 			continue
 		}
-		if err := os.Remove(netfd.SocketPath(fdSocketDir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			log.G(ctx).WithError(err).WithField("vm", name).Warn("sweep: remove a descriptor socket")
+		if removeErr := os.Remove(netfd.SocketPath(fdSocketDir, name)); removeErr != nil && !errors.Is(removeErr, os.ErrNotExist) {
+			log.G(ctx).WithError(removeErr).WithField("vm", name).Warn("sweep: remove a descriptor socket")
 		}
 		sweepNUMA(ctx, releaseNUMA, name, m.ContainerID)
 		log.G(ctx).WithField("vm", name).WithField("container", m.ContainerID).WithField("pod", m.PodUID).
@@ -132,7 +132,8 @@ func sweep(ctx context.Context, l layout, conn sweeper, fdSocketDir string, rele
 			log.G(ctx).WithError(err).WithField("dir", dir).Warn("sweep: remove the runtime dir of no live VM")
 			continue
 		}
-		log.G(ctx).WithField("dir", dir).Info("sweep: removed the runtime dir of a VM whose shim and domain are gone (console log, config drive, mounts)")
+		log.G(ctx).WithField("dir",
+			dir).Info("sweep: removed the runtime dir of a VM whose shim and domain are gone (console log, config drive, mounts)")
 	}
 }
 

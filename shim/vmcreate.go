@@ -12,8 +12,8 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/mount"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -63,7 +63,7 @@ func vmSettingsFrom(spec *specs.Spec, cfg Config, io stdio) (vmSettings, error) 
 	if s.cmdline, err = kernelCmdline(spec, cfg); err != nil {
 		return s, err
 	}
-	if err := checkStdio(io); err != nil {
+	if err = checkStdio(io); err != nil {
 		return s, err
 	}
 	if s.numaMode, err = numaMode(spec, cfg); err != nil {
@@ -114,7 +114,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	}
 	ph.mark("checks")
 	name := ident.DomainName()
-	if err := takeOverDomainName(h.conn, name, ident.ContainerID); err != nil {
+	if err = takeOverDomainName(h.conn, name, ident.ContainerID); err != nil {
 		return nil, err
 	}
 
@@ -132,7 +132,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		Domain: name, VMDir: vmDir, PodUID: ident.PodUID,
 	}
 	if ident.inPod() {
-		if err := h.layout.ensurePodVMDir(ident.PodUID, ident.ContainerName); err != nil {
+		if err = h.layout.ensurePodVMDir(ident.PodUID, ident.ContainerName); err != nil {
 			return nil, err
 		}
 		rec.Overlay = filepath.Join(h.layout.podVMDir(ident.PodUID, ident.ContainerName), "overlay.qcow2")
@@ -145,7 +145,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	}
 	// The record goes first: if this shim dies halfway, the cleanup
 	// `delete` finds every piece from it.
-	if err := writeRecord(r.bundle, &rec); err != nil {
+	if err = writeRecord(r.bundle, &rec); err != nil {
 		return nil, fmt.Errorf("write task record: %w", err)
 	}
 	undo.add(func() { _ = removeRecord(r.bundle) })
@@ -153,9 +153,9 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	var placement *vm.Pinning
 	var placementJSON string
 	if h.numa != nil {
-		p, err := h.numa.Reserve(numa.Request{Owner: rec.NUMAOwner, VCPUs: set.vcpus, MemoryMiB: set.memMiB, Mode: set.numaMode})
-		if err != nil {
-			return nil, err
+		p, reserveErr := h.numa.Reserve(numa.Request{Owner: rec.NUMAOwner, VCPUs: set.vcpus, MemoryMiB: set.memMiB, Mode: set.numaMode})
+		if reserveErr != nil {
+			return nil, reserveErr
 		}
 		undo.add(func() { _ = h.numa.Release(rec.NUMAOwner) })
 		b, _ := json.Marshal(p)
@@ -164,7 +164,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 
 	var fdHooks []netfd.ServeOption
 	if cg != nil {
-		if err := createVMCgroup(cg, &rec, r.bundle, &undo); err != nil {
+		if err = createVMCgroup(cg, &rec, r.bundle, &undo); err != nil {
 			return nil, err
 		}
 		fdHooks = append(fdHooks, netfd.WithPeerHook(func(pid int) error { return joinVMCgroup(cg, pid) }))
@@ -173,10 +173,10 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	ph.mark("record_and_numa")
 	rootfs := filepath.Join(r.bundle, "rootfs")
 	if len(r.rootfs) > 0 {
-		if err := os.MkdirAll(rootfs, 0o711); err != nil {
+		if err = os.MkdirAll(rootfs, 0o711); err != nil {
 			return nil, fmt.Errorf("create rootfs mount point: %w", err)
 		}
-		if err := mount.All(r.rootfs, rootfs); err != nil {
+		if err = mount.All(r.rootfs, rootfs); err != nil {
 			return nil, fmt.Errorf("mount container rootfs: %w", err)
 		}
 		undo.add(func() { _ = mount.UnmountAll(rootfs, unix.MNT_DETACH) })
@@ -187,13 +187,13 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	}
 
 	ph.mark("rootfs")
-	if err := os.MkdirAll(vmDir, 0o711); err != nil {
+	if err = os.MkdirAll(vmDir, 0o711); err != nil {
 		return nil, fmt.Errorf("create VM dir: %w", err)
 	}
 	undo.add(func() { _ = os.RemoveAll(vmDir) })
 	// The owner file tells the sweep of another shim that this dir is in
 	// use while no domain refers to it yet.
-	if err := writeMarker(filepath.Join(vmDir, ownerFile)); err != nil {
+	if err = writeMarker(filepath.Join(vmDir, ownerFile)); err != nil {
 		return nil, err
 	}
 
@@ -238,28 +238,28 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		// after a shim crash in the middle finds the TAP and the wiring.
 		recordNetwork := func(n *vmNetwork) error {
 			rec.Network = n
-			if err := writeRecord(r.bundle, &rec); err != nil {
-				return fmt.Errorf("write task record: %w", err)
+			if writeRecordErr := writeRecord(r.bundle, &rec); writeRecordErr != nil {
+				return fmt.Errorf("write task record: %w", writeRecordErr)
 			}
 			return nil
 		}
-		pn, srv, err := setupNetwork(ctx, h, r.netns, r.podNet, name, ident.runtimeKey(), set.vcpus, recordNetwork, &undo, fdHooks...)
-		if err != nil {
-			return nil, err
+		pn, srv, netErr := setupNetwork(ctx, h, r.netns, r.podNet, name, ident.runtimeKey(), set.vcpus, recordNetwork, &undo, fdHooks...)
+		if netErr != nil {
+			return nil, netErr
 		}
 		fdServer = srv
 		spec.Emulator = h.cfg.QEMUWrapper
 		var dns []netip.Addr
 		var search []string
-		if b, err := os.ReadFile(resolvConf(r.spec)); err == nil {
+		if b, readFileErr := os.ReadFile(resolvConf(r.spec)); readFileErr == nil {
 			dns, search = configdrive.ParseResolvConf(b)
-		} else if !errors.Is(err, fs.ErrNotExist) { // none is no DNS
-			log.G(ctx).WithError(err).Warn("read the pod's resolv.conf")
+		} else if !errors.Is(readFileErr, fs.ErrNotExist) { // none is no DNS
+			log.G(ctx).WithError(readFileErr).Warn("read the pod's resolv.conf")
 		}
-		if guestNet, err = driveNetwork(pn, dns, search); err != nil {
-			return nil, err
+		if guestNet, netErr = driveNetwork(pn, dns, search); netErr != nil {
+			return nil, netErr
 		}
-		if err := guestNetworkPath(ctx, pn, dns, ident, src, &set); err != nil {
+		if err = guestNetworkPath(ctx, pn, dns, ident, src, &set); err != nil {
 			return nil, err
 		}
 	}
@@ -270,31 +270,31 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	waitDrive := func() error { return nil }
 	defer func() { _ = waitDrive() }()
 	if !set.drive.Disabled {
-		cd, build, err := planConfigDrive(ctx, h, ident, vmDir, guestNet, gv.list, set.drive)
-		if err != nil {
-			return nil, err
+		cd, build, planConfigDriveErr := planConfigDrive(ctx, h, ident, vmDir, guestNet, gv.list, set.drive)
+		if planConfigDriveErr != nil {
+			return nil, planConfigDriveErr
 		}
 		spec.ConfigDrive = cd
 		errc := make(chan error, 1)
 		go func() {
-			err := errors.New("config drive build did not finish")
-			if perr := callSafe(ctx, "build the config drive", func() { err = build() }); perr != nil {
-				err = perr
+			buildErr := errors.New("config drive build did not finish")
+			if perr := callSafe(ctx, "build the config drive", func() { buildErr = build() }); perr != nil {
+				buildErr = perr
 			}
-			errc <- err
+			errc <- buildErr
 		}()
 		waitDrive = sync.OnceValue(func() error { return <-errc })
 	}
 	if src.Disk != "" {
-		disk, err := prepareDisk(ctx, h, rootfs, src.Disk, r.spec.Annotations[annImageName], vmDir, rec.Overlay, &undo)
-		if err != nil {
-			return nil, err
+		disk, prepareDiskErr := prepareDisk(ctx, h, rootfs, src.Disk, r.spec.Annotations[annImageName], vmDir, rec.Overlay, &undo)
+		if prepareDiskErr != nil {
+			return nil, prepareDiskErr
 		}
 		spec.Disk = disk
 	} else {
-		kernel, err := prepareKernel(rootfs, src, vmDir, set.cmdline, &undo)
-		if err != nil {
-			return nil, err
+		kernel, prepareKernelErr := prepareKernel(rootfs, src, vmDir, set.cmdline, &undo)
+		if prepareKernelErr != nil {
+			return nil, prepareKernelErr
 		}
 		spec.Kernel = kernel
 	}
@@ -318,7 +318,8 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		WithField("vcpus", set.vcpus).WithField("memoryMiB", set.memMiB).
 		WithField("took", ph.String()).Info("defined VM")
 	return &vmTask{proc: newProc(r.id, r.bundle, r.stdio, publish), h: h, rec: rec, fdServer: fdServer, cgroup: cg,
-		shares: len(spec.Shares), vcpus: set.vcpus, plugged: set.vcpus, memMiB: set.memMiB, maxVCPUs: max(set.maxVCPUs, set.vcpus), mem: memSize}, nil
+		shares: len(spec.Shares), vcpus: set.vcpus, plugged: set.vcpus, memMiB: set.memMiB, maxVCPUs: max(set.maxVCPUs,
+			set.vcpus), mem: memSize}, nil
 }
 
 // abandonIfCallerGone undoes a VM task whose Create outlived its caller:
@@ -369,7 +370,7 @@ func prepareDisk(ctx context.Context, h *host, rootfs, image, imageName, vmDir, 
 	}
 	defer f.Close()
 	base := filepath.Join(vmDir, "base"+strings.ToLower(filepath.Ext(image)))
-	if err := vm.MountReadOnly(f, base); err != nil {
+	if err = vm.MountReadOnly(f, base); err != nil {
 		return nil, err
 	}
 	undo.add(func() { _ = vm.Unmount(base) })

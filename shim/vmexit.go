@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/api/types/task"
-	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
@@ -72,7 +72,8 @@ func (t *vmTask) followExit(ctx context.Context, w *vm.ExitWatch) {
 			t.onStopped(ctx, st.Reason)
 			return
 		case time.Since(gone) > exitSettle:
-			log.G(ctx).WithError(err).WithField("vm", t.rec.Domain).Warnf("QEMU ended %v ago and libvirt does not have the domain shut off: recording the exit as libvirt's \"crashed\"", exitSettle)
+			log.G(ctx).WithError(err).WithField("vm", t.rec.Domain).
+				Warnf("QEMU ended %v ago and libvirt does not have the domain shut off: recording the exit as libvirt's \"crashed\"", exitSettle)
 			t.onStopped(ctx, vm.StopCrashed)
 			return
 		}
@@ -102,7 +103,9 @@ func (t *vmTask) onStopped(ctx context.Context, reason vm.StopReason) {
 		// all along, "crashed" is QEMU's death (ExitStatus: 255).
 		// Every path (the QEMU watch, a resync, a Kill's) decides
 		// here, so none can publish QEMU's death as 0.
-		log.G(ctx).WithField("vm", t.rec.Domain).Info("libvirt reports the VM crashed after its power button was pressed (libvirtd was away while it stopped): counted as the power-off")
+		log.G(ctx).WithField("vm",
+			t.rec.Domain).Info("libvirt reports the VM crashed after its power button was pressed (libvirtd was away while it stopped): counted " +
+			"as the power-off")
 		reason = vm.StopShutdown
 	}
 	if c != nil {

@@ -10,8 +10,8 @@ import (
 	"sync/atomic"
 
 	"github.com/containerd/containerd/api/types/task"
-	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/mount"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
@@ -76,7 +76,7 @@ func (t *vmTask) start(ctx context.Context) (int, error) {
 	name := t.rec.Domain
 	// Start with vCPUs stopped and attach to the console first, so the
 	// first line the guest prints reaches stdout.
-	if err := t.h.conn.Start(name, true); err != nil {
+	if err = t.h.conn.Start(name, true); err != nil {
 		closeAll(in, out)
 		return 0, err
 	}
@@ -167,7 +167,8 @@ func (t *vmTask) kill(ctx context.Context, sig uint32) error {
 			t.mu.Unlock()
 		}
 	default:
-		return fmt.Errorf("signal %d is not supported for a VM: SIGTERM, SIGINT or SIGPWR press the ACPI power button, SIGKILL destroys it: %w", sig, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("signal %d is not supported for a VM: SIGTERM, SIGINT or SIGPWR press the ACPI power button, SIGKILL destroys it: %w",
+			sig, errdefs.ErrInvalidArgument)
 	}
 	if errdefs.IsFailedPrecondition(err) || errdefs.IsNotFound(err) {
 		// The domain may have stopped between our check and libvirt's.

@@ -3,6 +3,7 @@ package shim
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,8 +14,8 @@ import (
 
 	eventstypes "github.com/containerd/containerd/api/events"
 	"github.com/containerd/containerd/api/types/task"
-	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/runtime"
+	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
@@ -648,7 +649,8 @@ func TestCreateVMTaskBadInputLeavesNothing(t *testing.T) {
 		"bad vcpus":   {ann: map[string]string{AnnotationVCPUs: "-3"}, rootfs: true, want: AnnotationVCPUs},
 		"no VM image": {want: "/disk/"},
 		// 128 entries are allowed; the "namespace" key the shim adds makes 129.
-		"metadata full": {ann: map[string]string{configdrive.AnnotationMetadata: fullMetadata()}, rootfs: true, want: configdrive.AnnotationMetadata},
+		"metadata full": {ann: map[string]string{configdrive.AnnotationMetadata: fullMetadata()}, rootfs: true,
+			want: configdrive.AnnotationMetadata},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -710,27 +712,28 @@ func TestCreateVMTaskDirectKernel(t *testing.T) {
 	}
 	kernel, initrd := filepath.Join(vt.rec.VMDir, "vmlinuz"), filepath.Join(vt.rec.VMDir, "initrd")
 	x := f.fake.doms[vt.rec.Domain].xml
-	for _, want := range []string{"<cmdline>console=ttyS0 quiet</cmdline>", `<vcpu placement="static" current="2">4</vcpu>`, "<container-id>vm1</container-id>", kernel, initrd} {
+	for _, want := range []string{"<cmdline>console=ttyS0 quiet</cmdline>", `<vcpu placement="static" current="2">4</vcpu>`,
+		"<container-id>vm1</container-id>", kernel, initrd} {
 		if !strings.Contains(x, want) {
 			t.Errorf("domain XML lacks %s:\n%s", want, x)
 		}
 	}
 	for p, want := range map[string]string{kernel: "boot/vmlinuz", initrd: "boot/initrd.img"} {
-		if b, err := os.ReadFile(p); err != nil || string(b) != want {
-			t.Errorf("%s: %q, %v", p, b, err)
+		if b, readFileErr := os.ReadFile(p); readFileErr != nil || string(b) != want {
+			t.Errorf("%s: %q, %v", p, b, readFileErr)
 		}
 	}
 	if !isMountPoint(t, kernel) {
 		t.Errorf("kernel %s is not a read-only bind mount", kernel)
 	}
-	if err := unix.Access(kernel, unix.W_OK); err != unix.EROFS {
+	if err = unix.Access(kernel, unix.W_OK); !errors.Is(err, unix.EROFS) {
 		t.Errorf("kernel %s writable: access(W_OK) = %v, want EROFS", kernel, err)
 	}
 	if isMountPoint(t, initrd) {
 		t.Errorf("initrd %s (mode 0600 in the image) was mounted, not copied", initrd)
 	}
-	if st, err := os.Stat(initrd); err != nil || st.Mode().Perm() != 0o644 {
-		t.Errorf("initrd copy: %v, %v; want mode 0644 for QEMU's user", st, err)
+	if st, statErr := os.Stat(initrd); statErr != nil || st.Mode().Perm() != 0o644 {
+		t.Errorf("initrd copy: %v, %v; want mode 0644 for QEMU's user", st, statErr)
 	}
 	rec, err := readRecord(f.bundle)
 	if err != nil || rec == nil || rec.Domain != vt.rec.Domain {

@@ -13,7 +13,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -77,7 +77,8 @@ func classifyVolumes(ctx context.Context, spec *specs.Spec) ([]volume, error) {
 	if spec.Linux != nil {
 		for _, d := range spec.Linux.Devices {
 			if d.Type != "b" {
-				return nil, fmt.Errorf("device %s (type %s, %d:%d): only block devices can be given to a VM: %w", d.Path, d.Type, d.Major, d.Minor, errdefs.ErrInvalidArgument)
+				return nil, fmt.Errorf("device %s (type %s, %d:%d): only block devices can be given to a VM: %w", d.Path, d.Type, d.Major, d.Minor,
+					errdefs.ErrInvalidArgument)
 			}
 			if err := configdrive.CheckVolumePath(d.Path); err != nil {
 				return nil, err
@@ -140,7 +141,8 @@ func diskImageSizes(spec *specs.Spec) (map[string]int64, error) {
 	for _, e := range strings.Split(v, ",") {
 		p, size, ok := strings.Cut(strings.TrimSpace(e), "=")
 		if !ok || !strings.HasPrefix(p, "/") {
-			return nil, fmt.Errorf("annotation %s = %q: entry %q: want <container path>=<size>: %w", AnnotationDiskImages, v, e, errdefs.ErrInvalidArgument)
+			return nil, fmt.Errorf("annotation %s = %q: entry %q: want <container path>=<size>: %w", AnnotationDiskImages, v, e,
+				errdefs.ErrInvalidArgument)
 		}
 		b, err := parseSize(size)
 		if err != nil {
@@ -164,12 +166,14 @@ type guestVolumes struct {
 // read-only shares under vmDir/shares; their undo goes to undo (a
 // crashed shim's cleanup finds the mounts by readOnlyMounts). sizes are
 // from AnnotationDiskImages.
-func prepareVolumes(ctx context.Context, h *host, vols []volume, sizes map[string]int64, vmDir string, undo *rollback) (guestVolumes, error) {
+func prepareVolumes(ctx context.Context, h *host, vols []volume, sizes map[string]int64, vmDir string,
+	undo *rollback) (guestVolumes, error) {
 	var g guestVolumes
 	diskNames, shareNames := guestNames(vols, vm.MaxSerialLen), guestNames(vols, vm.MaxTagLen)
 	for p := range sizes {
 		if !slices.ContainsFunc(vols, func(v volume) bool { return v.kind == volBind && filepath.Clean(v.dest) == p }) {
-			return g, fmt.Errorf("annotation %s names %s, which is not a volume of the container: %w", AnnotationDiskImages, p, errdefs.ErrInvalidArgument)
+			return g, fmt.Errorf("annotation %s names %s, which is not a volume of the container: %w", AnnotationDiskImages, p,
+				errdefs.ErrInvalidArgument)
 		}
 	}
 	for i, v := range vols {
@@ -182,7 +186,8 @@ func prepareVolumes(ctx context.Context, h *host, vols []volume, sizes map[strin
 		switch {
 		case disk != nil:
 			if len(g.disks) == vm.MaxVolumeDisks {
-				return g, fmt.Errorf("volume %s: more than %d disk volumes (raw block or disk.img): %w", v.dest, vm.MaxVolumeDisks, errdefs.ErrInvalidArgument)
+				return g, fmt.Errorf("volume %s: more than %d disk volumes (raw block or disk.img): %w", v.dest, vm.MaxVolumeDisks,
+					errdefs.ErrInvalidArgument)
 			}
 			disk.Name, disk.Serial, disk.ReadOnly = v.dest, diskNames[i], v.readOnly
 			g.disks = append(g.disks, *disk)
@@ -239,17 +244,19 @@ func prepareVolume(ctx context.Context, h *host, v volume, size int64, pin strin
 	case st.Mode().Type() == fs.ModeDevice:
 		return &vm.VolumeDisk{Path: v.source, Block: true, Format: "raw"}, nil, nil
 	case !st.IsDir():
-		return nil, nil, fmt.Errorf("volume %s: host path %s is a %s; only directories (shared, or holding %s) and block devices can be given to a VM (a subPath of a single file cannot): %w",
+		return nil, nil, fmt.Errorf("volume %s: host path %s is a %s; only directories (shared, or holding %s) and block devices can be given "+
+			"to a VM (a subPath of a single file cannot): %w",
 			v.dest, v.source, fileKind(st.Mode()), diskImageName, errdefs.ErrInvalidArgument)
 	}
 	img := filepath.Join(v.source, diskImageName)
 	ist, err := os.Lstat(img)
 	switch {
 	case err == nil && !ist.Mode().IsRegular():
-		return nil, nil, fmt.Errorf("volume %s: %s is a %s, not a disk image file: %w", v.dest, img, fileKind(ist.Mode()), errdefs.ErrInvalidArgument)
+		return nil, nil, fmt.Errorf("volume %s: %s is a %s, not a disk image file: %w", v.dest, img, fileKind(ist.Mode()),
+			errdefs.ErrInvalidArgument)
 	case err == nil:
-		d, err := volumeImage(ctx, h, v, img, pin, undo)
-		return d, nil, err
+		d, volumeImageErr := volumeImage(ctx, h, v, img, pin, undo)
+		return d, nil, volumeImageErr
 	case !errors.Is(err, fs.ErrNotExist):
 		return nil, nil, fmt.Errorf("volume %s: %w", v.dest, err)
 	case size > 0:
@@ -273,17 +280,17 @@ func volumeImage(ctx context.Context, h *host, v volume, img, pin string, undo *
 		return nil, fmt.Errorf("volume %s: open %s: %v: %w", v.dest, diskImageName, err, errdefs.ErrInvalidArgument)
 	}
 	defer f.Close()
-	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("volume %s: %s is not a regular file (%v): %w", v.dest, img, err, errdefs.ErrInvalidArgument)
+	if st, statErr := f.Stat(); statErr != nil || !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("volume %s: %s is not a regular file (%v): %w", v.dest, img, statErr, errdefs.ErrInvalidArgument)
 	}
-	if err := os.MkdirAll(filepath.Dir(pin), 0o711); err != nil {
+	if err = os.MkdirAll(filepath.Dir(pin), 0o711); err != nil {
 		return nil, fmt.Errorf("volume %s: %w", v.dest, err)
 	}
 	mount := vm.BindFile
 	if v.readOnly {
 		mount = vm.MountReadOnly
 	}
-	if err := mount(f, pin); err != nil {
+	if err = mount(f, pin); err != nil {
 		return nil, fmt.Errorf("volume %s: %w", v.dest, err)
 	}
 	undo.add(func() { _ = vm.Unmount(pin) })
@@ -314,10 +321,11 @@ func createDiskImage(h *host, v volume, img string, size int64, undo *rollback) 
 		}
 	}
 	if v.readOnly {
-		return fmt.Errorf("volume %s: annotation %s asks for a new %s on a read-only volume: %w", v.dest, AnnotationDiskImages, diskImageName, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("volume %s: annotation %s asks for a new %s on a read-only volume: %w", v.dest, AnnotationDiskImages, diskImageName,
+			errdefs.ErrInvalidArgument)
 	}
 	var sfs unix.Statfs_t
-	if err := unix.Statfs(v.source, &sfs); err != nil {
+	if err = unix.Statfs(v.source, &sfs); err != nil {
 		return fmt.Errorf("volume %s: %w", v.dest, err)
 	}
 	if free := int64(sfs.Bavail) * sfs.Bsize; size > free {
@@ -391,13 +399,13 @@ func fileKind(m fs.FileMode) string {
 }
 
 // guestNames gives each volume the name the guest finds it by (a
-// virtio-blk serial, or a virtiofs tag) of at most max characters: the
+// virtio-blk serial, or a virtiofs tag) of at most maxLen characters: the
 // container path without its leading slash, other slashes as '-' and any
 // character outside [A-Za-z0-9_.+-] as '_' ("/etc/app" is "etc-app",
-// "/dev/xvda" is "dev-xvda"). A name longer than max, or one two volumes
-// would share ("/a-b" and "/a/b"), is its first max-9 characters, '-' and
+// "/dev/xvda" is "dev-xvda"). A name longer than maxLen, or one two volumes
+// would share ("/a-b" and "/a/b"), is its first maxLen-9 characters, '-' and
 // the first 8 hex digits of the SHA-256 of the container path.
-func guestNames(vols []volume, max int) []string {
+func guestNames(vols []volume, maxLen int) []string {
 	names := make([]string, len(vols))
 	count := map[string]int{}
 	for i, v := range vols {
@@ -405,9 +413,9 @@ func guestNames(vols []volume, max int) []string {
 		count[names[i]]++
 	}
 	for i, v := range vols {
-		if n := names[i]; len(n) > max || count[n] > 1 {
+		if n := names[i]; len(n) > maxLen || count[n] > 1 {
 			sum := sha256.Sum256([]byte(v.dest))
-			names[i] = n[:min(len(n), max-9)] + "-" + hex.EncodeToString(sum[:4])
+			names[i] = n[:min(len(n), maxLen-9)] + "-" + hex.EncodeToString(sum[:4])
 		}
 	}
 	return names

@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
@@ -24,7 +24,8 @@ import (
 // volumes' bind mounts and devices.
 func criSpec(volumes []specs.Mount, devices []specs.LinuxDevice) *specs.Spec {
 	bind := func(dst string) specs.Mount {
-		return specs.Mount{Destination: dst, Type: "bind", Source: "/var/lib/containerd/sandboxes/x" + dst, Options: []string{"rbind", "rprivate", "rw"}}
+		return specs.Mount{Destination: dst, Type: "bind", Source: "/var/lib/containerd/sandboxes/x" + dst,
+			Options: []string{"rbind", "rprivate", "rw"}}
 	}
 	mounts := []specs.Mount{
 		{Destination: "/proc", Type: "proc", Source: "proc"},
@@ -57,7 +58,8 @@ func TestClassifyVolumes(t *testing.T) {
 	// CRI writes a read-only device's rule with access "r".
 	spec.Linux.Devices = append(spec.Linux.Devices, specs.LinuxDevice{Path: "/dev/xvdb", Type: "b", Major: 7, Minor: 4})
 	four, seven := int64(4), int64(7)
-	spec.Linux.Resources.Devices = append(spec.Linux.Resources.Devices, specs.LinuxDeviceCgroup{Allow: true, Type: "b", Major: &seven, Minor: &four, Access: "rm"})
+	spec.Linux.Resources.Devices = append(spec.Linux.Resources.Devices,
+		specs.LinuxDeviceCgroup{Allow: true, Type: "b", Major: &seven, Minor: &four, Access: "rm"})
 
 	got, err := classifyVolumes(context.Background(), spec)
 	if err != nil {
@@ -191,13 +193,15 @@ func bindMount(dst, src string, ro bool) specs.Mount {
 func TestCreateWithVolumes(t *testing.T) {
 	f := volumeFixture(t)
 	vols := t.TempDir()
-	cfgMap, cache, pvc, fresh := filepath.Join(vols, "cm"), filepath.Join(vols, "cache"), filepath.Join(vols, "pvc"), filepath.Join(vols, "fresh")
+	cfgMap, cache, pvc, fresh := filepath.Join(vols,
+		"cm"), filepath.Join(vols, "cache"), filepath.Join(vols, "pvc"), filepath.Join(vols, "fresh")
 	for _, d := range []string{cfgMap, cache, pvc, fresh} {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if out, err := exec.Command(f.host.cfg.QEMUImg, "create", "-q", "-f", "qcow2", filepath.Join(pvc, "disk.img"), "16M").CombinedOutput(); err != nil {
+	if out, err := exec.Command(f.host.cfg.QEMUImg, "create", "-q", "-f", "qcow2", filepath.Join(pvc, "disk.img"),
+		"16M").CombinedOutput(); err != nil {
 		t.Fatalf("qemu-img create: %v: %s", err, out)
 	}
 	spec := criSpec([]specs.Mount{
@@ -210,7 +214,7 @@ func TestCreateWithVolumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	var d domainDevices
-	if err := xml.Unmarshal([]byte(f.fake.doms[vt.rec.Domain].xml), &d); err != nil {
+	if err = xml.Unmarshal([]byte(f.fake.doms[vt.rec.Domain].xml), &d); err != nil {
 		t.Fatal(err)
 	}
 	if len(d.Disks) != 3 { // the config drive and two volumes
@@ -226,7 +230,8 @@ func TestCreateWithVolumes(t *testing.T) {
 		orig, err2 := os.Stat(want.file)
 		if err1 != nil || err2 != nil || !os.SameFile(pinned, orig) || !strings.HasPrefix(disk.Source.File, vt.rec.VMDir+"/") ||
 			disk.Driver.Type != want.format || disk.Serial != want.serial {
-			t.Errorf("disk %+v, want %s (%s, serial %s) bind-mounted under %s (%v, %v)", disk, want.file, want.format, want.serial, vt.rec.VMDir, err1, err2)
+			t.Errorf("disk %+v, want %s (%s, serial %s) bind-mounted under %s (%v, %v)", disk, want.file, want.format, want.serial, vt.rec.VMDir,
+				err1, err2)
 		}
 	}
 	st, err := os.Stat(filepath.Join(fresh, "disk.img"))
@@ -291,7 +296,8 @@ func TestCreateVolumesRefused(t *testing.T) {
 		return d
 	}
 	backed := mk("backed", nil)
-	if out, err := exec.Command(f.host.cfg.QEMUImg, "create", "-q", "-f", "qcow2", "-F", "raw", "-b", "/etc/passwd", filepath.Join(backed, "disk.img")).CombinedOutput(); err != nil {
+	if out, err := exec.Command(f.host.cfg.QEMUImg, "create", "-q", "-f", "qcow2", "-F", "raw", "-b", "/etc/passwd",
+		filepath.Join(backed, "disk.img")).CombinedOutput(); err != nil {
 		t.Fatalf("qemu-img create: %v: %s", err, out)
 	}
 	link := mk("link", nil)
@@ -313,17 +319,27 @@ func TestCreateVolumesRefused(t *testing.T) {
 		want   error
 		words  []string
 	}{
-		{"corrupt disk.img", []specs.Mount{bindMount("/data", mk("corrupt", map[string]string{"disk.img": "QFI\xfb\x00\x00\x00\x03garbage"}), false)}, "", errdefs.ErrInvalidArgument, []string{"/data"}},
-		{"disk.img with a backing file", []specs.Mount{bindMount("/data", backed, false)}, "", errdefs.ErrInvalidArgument, []string{"/data", "backing file"}},
-		{"disk.img is a symlink", []specs.Mount{bindMount("/data", link, false)}, "", errdefs.ErrInvalidArgument, []string{"/data", "symbolic link"}},
-		{"share source gone", []specs.Mount{bindMount("/etc/app", filepath.Join(vols, "gone"), true)}, "", errdefs.ErrFailedPrecondition, []string{"/etc/app", "gone"}},
+		{"corrupt disk.img",
+			[]specs.Mount{bindMount("/data", mk("corrupt", map[string]string{"disk.img": "QFI\xfb\x00\x00\x00\x03garbage"}),
+				false)}, "", errdefs.ErrInvalidArgument, []string{"/data"}},
+		{"disk.img with a backing file", []specs.Mount{bindMount("/data", backed, false)}, "", errdefs.ErrInvalidArgument,
+			[]string{"/data", "backing file"}},
+		{"disk.img is a symlink", []specs.Mount{bindMount("/data", link, false)}, "", errdefs.ErrInvalidArgument,
+			[]string{"/data", "symbolic link"}},
+		{"share source gone", []specs.Mount{bindMount("/etc/app", filepath.Join(vols, "gone"), true)}, "", errdefs.ErrFailedPrecondition,
+			[]string{"/etc/app", "gone"}},
 		{"single file", []specs.Mount{bindMount("/etc/one", file, true)}, "", errdefs.ErrInvalidArgument, []string{"/etc/one", "regular file"}},
-		{"char device", []specs.Mount{bindMount("/dev/null", "/dev/null", false)}, "", errdefs.ErrInvalidArgument, []string{"/dev/null", "character device"}},
-		{"size larger than the volume", []specs.Mount{bindMount("/big", mk("big", nil), false)}, "/big=1000Ti", errdefs.ErrInvalidArgument, []string{"/big", "free"}},
-		{"size on a volume with files", []specs.Mount{bindMount("/full", mk("full", map[string]string{"a": "b"}), false)}, "/full=1Mi", errdefs.ErrInvalidArgument, []string{"/full", "not empty"}},
+		{"char device", []specs.Mount{bindMount("/dev/null", "/dev/null", false)}, "", errdefs.ErrInvalidArgument,
+			[]string{"/dev/null", "character device"}},
+		{"size larger than the volume", []specs.Mount{bindMount("/big", mk("big", nil), false)}, "/big=1000Ti", errdefs.ErrInvalidArgument,
+			[]string{"/big", "free"}},
+		{"size on a volume with files", []specs.Mount{bindMount("/full", mk("full", map[string]string{"a": "b"}), false)}, "/full=1Mi",
+			errdefs.ErrInvalidArgument, []string{"/full", "not empty"}},
 		{"size for no volume", []specs.Mount{bindMount("/v", mk("v", nil), false)}, "/nope=1Mi", errdefs.ErrInvalidArgument, []string{"/nope"}},
-		{"malformed size", []specs.Mount{bindMount("/v", mk("v2", nil), false)}, "/v=lots", errdefs.ErrInvalidArgument, []string{"/v", AnnotationDiskImages}},
-		{"a later volume fails", []specs.Mount{bindMount("/new", mk("new", nil), false), bindMount("/gone", filepath.Join(vols, "gone"), false)}, "/new=1Mi", errdefs.ErrFailedPrecondition, []string{"/gone"}},
+		{"malformed size", []specs.Mount{bindMount("/v", mk("v2", nil), false)}, "/v=lots", errdefs.ErrInvalidArgument,
+			[]string{"/v", AnnotationDiskImages}},
+		{"a later volume fails", []specs.Mount{bindMount("/new", mk("new", nil), false), bindMount("/gone", filepath.Join(vols, "gone"), false)},
+			"/new=1Mi", errdefs.ErrFailedPrecondition, []string{"/gone"}},
 		{"too many shares", shares(vm.MaxShares + 1), "", errdefs.ErrInvalidArgument, []string{"/s/" + strings.Repeat("x", vm.MaxShares+1)}},
 	}
 	for _, c := range cases {
@@ -387,7 +403,7 @@ func TestBlockVolume(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = detach() })
 	var st unix.Stat_t
-	if err := unix.Stat(dev, &st); err != nil {
+	if err = unix.Stat(dev, &st); err != nil {
 		t.Fatal(err)
 	}
 	major, minor := int64(unix.Major(st.Rdev)), int64(unix.Minor(st.Rdev))

@@ -223,7 +223,8 @@ func (a *Agent) Start(c Command) (int, error) {
 		return 0, fmt.Errorf("command path is empty: %w", errdefs.ErrInvalidArgument)
 	}
 	if len(c.Input) > MaxExecInput {
-		return 0, fmt.Errorf("stdin of %d bytes is over the %d bytes the guest agent takes in one command: %w", len(c.Input), MaxExecInput, errdefs.ErrInvalidArgument)
+		return 0, fmt.Errorf("stdin of %d bytes is over the %d bytes the guest agent takes in one command: %w", len(c.Input), MaxExecInput,
+			errdefs.ErrInvalidArgument)
 	}
 	args := guestExecArgs{Path: c.Path, Arg: c.Args, Env: c.Env, CaptureOutput: true}
 	if len(c.Input) > 0 {
@@ -257,8 +258,8 @@ func classifySpawnError(path string, err error) error {
 // runs. The agent forgets a process once it reported its exit.
 func (a *Agent) Status(pid int) (exit Exit, done bool, err error) {
 	var r guestExecStatusReply
-	if err := a.call("guest-exec-status", guestExecStatusArgs{PID: pid}, &r); err != nil {
-		return Exit{}, false, err
+	if callErr := a.call("guest-exec-status", guestExecStatusArgs{PID: pid}, &r); callErr != nil {
+		return Exit{}, false, callErr
 	}
 	if !r.Exited {
 		return Exit{}, false, nil
@@ -276,13 +277,15 @@ func (a *Agent) Status(pid int) (exit Exit, done bool, err error) {
 		return Exit{}, true, fmt.Errorf("guest agent of domain %s: stderr of pid %d: %w", a.domain, pid, err)
 	}
 	if r.OutTruncated || r.ErrTruncated || len(exit.Stdout)+len(exit.Stderr) > MaxExecOutput {
-		return exit, true, fmt.Errorf("output of guest pid %d (exit code %d) was cut by the guest agent: more than its output limit (%d MiB of stdout plus stderr through libvirt): %w",
+		return exit, true, fmt.Errorf("output of guest pid %d (exit code %d) was cut by the guest agent: more than its output limit (%d MiB of "+
+			"stdout plus stderr through libvirt): %w",
 			pid, exit.Code, MaxExecOutput>>20, ErrOutputLimit)
 	}
 	return exit, true, nil
 }
 
-// ErrOutputLimit: a command wrote more than the agent can return.
+// ErrOutputLimit is the error of a command that wrote more than the agent
+// can return.
 var ErrOutputLimit = errors.New("exec output over the guest agent's limit")
 
 // Wait polls the process until it exits, backing off from a few
@@ -314,7 +317,8 @@ func (a *Agent) Wait(ctx context.Context, pid int) (Exit, error) {
 func (a *Agent) replyTooLarge(err error, pid int) error {
 	var aerr *AgentError
 	if errors.As(err, &aerr) && strings.Contains(aerr.Message, "No complete agent response") {
-		return fmt.Errorf("output of guest pid %d is more than libvirt takes from the guest agent (about %d MiB of stdout plus stderr); libvirt now refuses this VM's agent until qemu-ga restarts in the guest: %s: %w",
+		return fmt.Errorf("output of guest pid %d is more than libvirt takes from the guest agent (about %d MiB of stdout plus stderr); "+
+			"libvirt now refuses this VM's agent until qemu-ga restarts in the guest: %s: %w",
 			pid, MaxExecOutput>>20, aerr.Message, ErrOutputLimit)
 	}
 	return err

@@ -32,7 +32,8 @@ func TestAgentRunsCommand(t *testing.T) {
 	if exit.Code != 3 || string(exit.Stdout) != "out:in" || string(exit.Stderr) != "warn" {
 		t.Fatalf("exit %+v", exit)
 	}
-	want := vmtest.ExecArgs{Path: "cat", Arg: []string{"-u", "a b"}, Env: []string{"A=1"}, InputData: base64.StdEncoding.EncodeToString([]byte("in")), CaptureOutput: true}
+	want := vmtest.ExecArgs{Path: "cat", Arg: []string{"-u", "a b"}, Env: []string{"A=1"},
+		InputData: base64.StdEncoding.EncodeToString([]byte("in")), CaptureOutput: true}
 	if got := g.Started(); !reflect.DeepEqual(got, []vmtest.ExecArgs{want}) {
 		t.Fatalf("guest-exec got %+v, want %+v", got, want)
 	}
@@ -104,7 +105,8 @@ func TestAgentOutputLimit(t *testing.T) {
 		t.Fatalf("truncated output: %v", err)
 	}
 	// libvirt refusing a reply over its size limit names the limit too.
-	err = a.replyTooLarge(&AgentError{Message: "No complete agent response found in 10485760 bytes: Numerical result out of range", err: errors.New("x")}, 7)
+	err = a.replyTooLarge(&AgentError{Message: "No complete agent response found in 10485760 bytes: Numerical result out of range",
+		err: errors.New("x")}, 7)
 	if !errors.Is(err, ErrOutputLimit) {
 		t.Fatalf("reply too large: %v", err)
 	}

@@ -47,16 +47,16 @@ type Conn struct {
 	reconnects atomic.Uint64
 }
 
-// Connect dials libvirtd at socket. The first connection must succeed;
+// Connect dials libvirtd at socketPath. The first connection must succeed;
 // later losses are repaired in the background until Close.
-func Connect(ctx context.Context, socket string) (*Conn, error) {
-	l, sock, err := dial(socket)
+func Connect(ctx context.Context, socketPath string) (*Conn, error) {
+	l, sock, err := dial(socketPath)
 	if err != nil {
 		return nil, err
 	}
 	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c := &Conn{
-		socket: socket,
+		socket: socketPath,
 		events: make(chan Event, 64),
 		l:      l,
 		sock:   sock,

@@ -87,12 +87,12 @@ func TestConnCloseBurstKeepsLibvirtd(t *testing.T) {
 				return
 			default:
 			}
-			if err := churn.Define(domainXML); err != nil {
-				t.Error(err)
+			if defineErr := churn.Define(domainXML); defineErr != nil {
+				t.Error(defineErr)
 				return
 			}
-			if err := churn.Undefine(spec.Name); err != nil {
-				t.Error(err)
+			if undefineErr := churn.Undefine(spec.Name); undefineErr != nil {
+				t.Error(undefineErr)
 				return
 			}
 		}
@@ -114,16 +114,16 @@ func TestConnCloseBurstKeepsLibvirtd(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				c, err := Connect(ctx, DefaultSocket)
-				if err != nil {
-					errs <- err
+				c, connectErr := Connect(ctx, DefaultSocket)
+				if connectErr != nil {
+					errs <- connectErr
 					return
 				}
-				if _, err := c.Version(); err != nil {
-					errs <- err
+				if _, versionErr := c.Version(); versionErr != nil {
+					errs <- versionErr
 				}
-				if err := c.Close(); err != nil {
-					errs <- err
+				if closeErr := c.Close(); closeErr != nil {
+					errs <- closeErr
 				}
 			}()
 		}

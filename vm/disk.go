@@ -98,9 +98,11 @@ func ProbeImage(ctx context.Context, qemuImg, p, name string) (ImageInfo, error)
 	}
 	switch {
 	case info.Format != format:
-		return ImageInfo{}, fmt.Errorf("disk image %s: qemu-img reports format %q, not %s: %w", name, info.Format, format, errdefs.ErrInvalidArgument)
+		return ImageInfo{}, fmt.Errorf("disk image %s: qemu-img reports format %q, not %s: %w", name, info.Format, format,
+			errdefs.ErrInvalidArgument)
 	case info.BackingFile != "":
-		return ImageInfo{}, fmt.Errorf("disk image %s has a backing file (%s); only self-contained images are supported: %w", name, info.BackingFile, errdefs.ErrInvalidArgument)
+		return ImageInfo{}, fmt.Errorf("disk image %s has a backing file (%s); only self-contained images are supported: %w", name,
+			info.BackingFile, errdefs.ErrInvalidArgument)
 	case info.VirtualSize <= 0:
 		return ImageInfo{}, fmt.Errorf("disk image %s is empty: %w", name, errdefs.ErrInvalidArgument)
 	}
@@ -155,7 +157,8 @@ func imageFormat(p, name string) (string, error) {
 			return "", fmt.Errorf("disk image %s: qcow2 header is truncated: %w", name, errdefs.ErrInvalidArgument)
 		}
 		if binary.BigEndian.Uint64(hdr[qcow2IncompatOffset:])&qcow2DataFileBit != 0 {
-			return "", fmt.Errorf("disk image %s keeps its data in an external file; only self-contained images are supported: %w", name, errdefs.ErrInvalidArgument)
+			return "", fmt.Errorf("disk image %s keeps its data in an external file; only self-contained images are supported: %w", name,
+				errdefs.ErrInvalidArgument)
 		}
 	}
 	return "qcow2", nil
@@ -233,7 +236,8 @@ func EnsureOverlay(ctx context.Context, qemuImg, base string, origin OverlayOrig
 	}
 	b, err := os.ReadFile(originPath(overlay))
 	if errors.Is(err, fs.ErrNotExist) {
-		return false, fmt.Errorf("the pod keeps a disk for this container (%s) with no record of the image it was made on: recreate the pod for a new disk: %w",
+		return false, fmt.Errorf("the pod keeps a disk for this container (%s) with no record of the image it was made on: recreate the pod "+
+			"for a new disk: %w",
 			overlay, errdefs.ErrFailedPrecondition)
 	} else if err != nil {
 		return false, fmt.Errorf("read the origin of the kept disk %s: %w", overlay, err)
@@ -243,7 +247,8 @@ func EnsureOverlay(ctx context.Context, qemuImg, base string, origin OverlayOrig
 		return false, fmt.Errorf("read the origin of the kept disk %s: %w", overlay, err)
 	}
 	if !was.sameFile(origin) {
-		return false, fmt.Errorf("the pod keeps this container's disk, made on %s, but the container now has %s: a disk is only reused on the image file it was made on; recreate the pod for a new disk: %w",
+		return false, fmt.Errorf("the pod keeps this container's disk, made on %s, but the container now has %s: a disk is only reused on the "+
+			"image file it was made on; recreate the pod for a new disk: %w",
 			was, origin, errdefs.ErrFailedPrecondition)
 	}
 	if _, err := runTool(ctx, qemuImg, "rebase", "-q", "-u", "-f", "qcow2", "-F", origin.Format, "-b", base, overlay); err != nil {

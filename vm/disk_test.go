@@ -121,12 +121,12 @@ func TestEnsureOverlayKeepsDiskAcrossBasePaths(t *testing.T) {
 	// into a container's runtime dir: a symlink, the same file and, unlike
 	// a hard link, the same ctime. copy is an image whose layer was
 	// unpacked anew.
-	mountAt := func(name string, copy bool) (string, OverlayOrigin) {
+	mountAt := func(name string, copied bool) (string, OverlayOrigin) {
 		p := filepath.Join(dir, name, "base.qcow2")
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if copy {
+		if copied {
 			qemuImg(t, "convert", "-O", "qcow2", image, p)
 		} else if err := os.Symlink(image, p); err != nil {
 			t.Fatal(err)
@@ -157,7 +157,7 @@ func TestEnsureOverlayKeepsDiskAcrossBasePaths(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.RemoveAll(filepath.Dir(first)); err != nil { // the first container's runtime dir is gone
+	if err = os.RemoveAll(filepath.Dir(first)); err != nil { // the first container's runtime dir is gone
 		t.Fatal(err)
 	}
 

@@ -6,8 +6,8 @@ import "github.com/digitalocean/go-libvirt"
 type EventKind int
 
 const (
-	// EventReconnected: the connection to libvirtd was lost and is back.
-	// A domain may have changed meanwhile: re-read the state of every
+	// EventReconnected says the connection to libvirtd was lost and is
+	// back. A domain may have changed meanwhile: re-read the state of every
 	// domain.
 	EventReconnected EventKind = iota + 1
 )
@@ -21,13 +21,14 @@ type Event struct {
 // reasons.
 type StopReason int
 
+// The stop reasons.
 const (
-	StopUnknown   StopReason = iota
-	StopShutdown             // the guest powered off
-	StopDestroyed            // someone destroyed the domain
-	StopCrashed              // libvirt says crashed: QEMU ended without the guest's power-off
-	StopFailed               // QEMU died or failed to start
-	StopOther                // saved, migrated, restored from snapshot
+	StopUnknown   StopReason = iota // a reason libvirt did not give, or one not below
+	StopShutdown                    // the guest powered off
+	StopDestroyed                   // someone destroyed the domain
+	StopCrashed                     // libvirt says crashed: QEMU ended without the guest's power-off
+	StopFailed                      // QEMU died or failed to start
+	StopOther                       // saved, migrated, restored from snapshot
 )
 
 func (r StopReason) String() string {

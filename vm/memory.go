@@ -146,7 +146,8 @@ func (c *Conn) liveMemoryDevice(name string) (*libvirt.Libvirt, libvirt.Domain, 
 			}
 		}
 	}
-	return nil, d, memoryDeviceXML{}, fmt.Errorf("domain %s has no virtio-mem device (started without a memory maximum above its memory): %w", name, errdefs.ErrFailedPrecondition)
+	return nil, d, memoryDeviceXML{}, fmt.Errorf("domain %s has no virtio-mem device (started without a memory maximum above its memory): %w",
+		name, errdefs.ErrFailedPrecondition)
 }
 
 func (m memoryDeviceXML) plugged() (PluggedMemory, error) {
@@ -206,7 +207,8 @@ func (c *Conn) RequestMemory(name string, mib int, timeout time.Duration) (Plugg
 			return p, nil
 		}
 		if time.Now().After(deadline) {
-			return p, fmt.Errorf("the guest of domain %s has %d MiB of hot-added memory plugged %s after %d MiB were asked (no virtio_mem driver, or memory it cannot give back): %w",
+			return p, fmt.Errorf("the guest of domain %s has %d MiB of hot-added memory plugged %s after %d MiB were asked (no virtio_mem driver, "+
+				"or memory it cannot give back): %w",
 				name, p.CurrentMiB, timeout, mib, errdefs.ErrFailedPrecondition)
 		}
 		time.Sleep(100 * time.Millisecond)

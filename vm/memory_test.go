@@ -45,7 +45,8 @@ func TestVirtioMemRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{`<memory model="virtio-mem">`, `<pagesize unit='KiB'>2048</pagesize>`, `<alias name="virtiomem0"></alias>`,
-		`<address type="pci" domain="0x0000" bus="0x01" slot="0x00" function="0x0">`, `<requested unit="KiB">524288</requested>`, `<node>0</node>`} {
+		`<address type="pci" domain="0x0000" bus="0x01" slot="0x00" function="0x0">`,
+		`<requested unit="KiB">524288</requested>`, `<node>0</node>`} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("update XML lacks %s:\n%s", want, out)
 		}

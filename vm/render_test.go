@@ -102,7 +102,8 @@ func goldenCases() map[string]Spec {
 		{Name: "/dev/xvda", Path: "/dev/loop7", Block: true, Format: "raw", Serial: "dev-xvda"},
 		{Name: "/dev/xvdb", Path: "/dev/sdc", Block: true, Format: "raw", Serial: "dev-xvdb", ReadOnly: true},
 		{Name: "/data", Path: "/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~csi/pvc-1/mount/disk.img", Format: "qcow2", Serial: "data"},
-		{Name: "/scratch", Path: "/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~empty-dir/s/disk.img", Format: "raw", Serial: "scratch", HostCache: true},
+		{Name: "/scratch", Path: "/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~empty-dir/s/disk.img", Format: "raw", Serial: "scratch",
+			HostCache: true},
 	}
 	volumes.VirtiofsBinary = "/usr/lib/qemu/virtiofsd"
 	volumes.Shares = []Share{
@@ -147,7 +148,7 @@ func TestRenderGolden(t *testing.T) {
 			}
 			golden := filepath.Join("testdata", name+".xml")
 			if *update {
-				if err := os.WriteFile(golden, got, 0o644); err != nil {
+				if err = os.WriteFile(golden, got, 0o644); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -281,7 +282,9 @@ func TestCPUList(t *testing.T) {
 		var v []int
 		for _, f := range strings.Fields(in) {
 			n := 0
-			fmt.Sscan(f, &n)
+			if _, err := fmt.Sscan(f, &n); err != nil {
+				t.Fatal(err)
+			}
 			v = append(v, n)
 		}
 		if got := cpuList(v); got != want {

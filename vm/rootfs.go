@@ -68,12 +68,15 @@ func FindBootSource(rootfs string) (BootSource, error) {
 	}
 	switch {
 	case len(kernels) == 0:
-		return BootSource{}, fmt.Errorf("no VM image in the container rootfs: expected exactly one *.qcow2, *.img or *.raw file under %s/, or a kernel %s/vmlinuz*: %w",
+		return BootSource{}, fmt.Errorf("no VM image in the container rootfs: expected exactly one *.qcow2, *.img or *.raw file under %s/, or "+
+			"a kernel %s/vmlinuz*: %w",
 			DiskDir, BootDir, errdefs.ErrInvalidArgument)
 	case len(kernels) > 1:
-		return BootSource{}, fmt.Errorf("more than one kernel under %s/: %s: %w", BootDir, strings.Join(kernels, ", "), errdefs.ErrInvalidArgument)
+		return BootSource{}, fmt.Errorf("more than one kernel under %s/: %s: %w", BootDir, strings.Join(kernels, ", "),
+			errdefs.ErrInvalidArgument)
 	case len(initrds) > 1:
-		return BootSource{}, fmt.Errorf("more than one initrd under %s/: %s: %w", BootDir, strings.Join(initrds, ", "), errdefs.ErrInvalidArgument)
+		return BootSource{}, fmt.Errorf("more than one initrd under %s/: %s: %w", BootDir, strings.Join(initrds, ", "),
+			errdefs.ErrInvalidArgument)
 	}
 	src := BootSource{Kernel: kernels[0]}
 	if len(initrds) == 1 {

@@ -42,11 +42,14 @@ func TestFindBootSource(t *testing.T) {
 		{name: "one qcow2", files: map[string]string{"disk/guest.qcow2": "x", "disk/README": "y"}, want: BootSource{Disk: "/disk/guest.qcow2"}},
 		{name: "img upper case", files: map[string]string{"disk/Guest.IMG": "x"}, want: BootSource{Disk: "/disk/Guest.IMG"}},
 		{name: "disk wins over kernel", files: map[string]string{"disk/a.raw": "x", "boot/vmlinuz": "k"}, want: BootSource{Disk: "/disk/a.raw"}},
-		{name: "kernel and initrd", files: map[string]string{"boot/vmlinuz": "k", "boot/initrd.img": "i"}, want: BootSource{Kernel: "/boot/vmlinuz", Initrd: "/boot/initrd.img"}},
-		{name: "versioned kernel alone", files: map[string]string{"boot/vmlinuz-6.1.0-cloud-amd64": "k"}, want: BootSource{Kernel: "/boot/vmlinuz-6.1.0-cloud-amd64"}},
+		{name: "kernel and initrd", files: map[string]string{"boot/vmlinuz": "k", "boot/initrd.img": "i"},
+			want: BootSource{Kernel: "/boot/vmlinuz", Initrd: "/boot/initrd.img"}},
+		{name: "versioned kernel alone", files: map[string]string{"boot/vmlinuz-6.1.0-cloud-amd64": "k"},
+			want: BootSource{Kernel: "/boot/vmlinuz-6.1.0-cloud-amd64"}},
 		{name: "nothing", files: map[string]string{"disk/README": "y"}, wantErr: []string{"/disk/", "/boot/vmlinuz"}},
 		{name: "two disks", files: map[string]string{"disk/a.qcow2": "x", "disk/b.raw": "y"}, wantErr: []string{"/disk/a.qcow2", "/disk/b.raw"}},
-		{name: "two kernels", files: map[string]string{"boot/vmlinuz-1": "x", "boot/vmlinuz-2": "y"}, wantErr: []string{"vmlinuz-1", "vmlinuz-2"}},
+		{name: "two kernels", files: map[string]string{"boot/vmlinuz-1": "x", "boot/vmlinuz-2": "y"},
+			wantErr: []string{"vmlinuz-1", "vmlinuz-2"}},
 		{name: "disk is a file", files: map[string]string{"disk": "x", "boot/vmlinuz": "k"}, want: BootSource{Kernel: "/boot/vmlinuz"}},
 	}
 	for _, tc := range cases {

@@ -47,12 +47,12 @@ func virtiofsdPIDs(dir, prefix, proc string) (daemons, all []int, err error) {
 			continue
 		}
 		f := filepath.Join(dir, e.Name())
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return nil, nil, fmt.Errorf("virtiofsd pid file: %w", err)
+		b, readFileErr := os.ReadFile(f)
+		if readFileErr != nil {
+			return nil, nil, fmt.Errorf("virtiofsd pid file: %w", readFileErr)
 		}
-		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-		if err != nil || pid <= 1 {
+		pid, atoiErr := strconv.Atoi(strings.TrimSpace(string(b)))
+		if atoiErr != nil || pid <= 1 {
 			return nil, nil, fmt.Errorf("virtiofsd pid file %s holds %q", f, b)
 		}
 		if !isVirtiofsd(proc, pid) {

@@ -52,7 +52,8 @@ var serialRE = regexp.MustCompile(`^[A-Za-z0-9_.+-]+$`)
 // validateVolumes reports the first volume the spec cannot render.
 func (s *Spec) validateVolumes() error {
 	if len(s.VolumeDisks) > MaxVolumeDisks {
-		return fmt.Errorf("volume %s: %d disk volumes, more than the %d a VM has room for", s.VolumeDisks[MaxVolumeDisks].Name, len(s.VolumeDisks), MaxVolumeDisks)
+		return fmt.Errorf("volume %s: %d disk volumes, more than the %d a VM has room for", s.VolumeDisks[MaxVolumeDisks].Name,
+			len(s.VolumeDisks), MaxVolumeDisks)
 	}
 	if len(s.Shares) > MaxShares {
 		return fmt.Errorf("volume %s: %d shared volumes, more than the %d a VM has room for", s.Shares[MaxShares].Name, len(s.Shares), MaxShares)

@@ -32,19 +32,19 @@ func TestVolumesDefine(t *testing.T) {
 	define := func(i int, spec Spec) error {
 		spec.Name = fmt.Sprintf("kvm-voltest-%d-%d", os.Getpid(), i)
 		spec.UUID = fmt.Sprintf("6f1c2a4e-8d3b-5e7f-9a%02x-%012x", i, os.Getpid())
-		out, err := Render(&spec)
-		if err != nil {
-			t.Fatal(err)
+		out, renderErr := Render(&spec)
+		if renderErr != nil {
+			t.Fatal(renderErr)
 		}
-		if err := c.Define(out); err != nil {
-			return err
+		if defineErr := c.Define(out); defineErr != nil {
+			return defineErr
 		}
 		return c.Undefine(spec.Name)
 	}
 	cases := goldenCases()
 	for i, name := range []string{"volumes", "volumes-hugepages-numa", "volumes-numa-memfd"} {
-		if err := define(i, cases[name]); err != nil {
-			t.Errorf("libvirtd refuses %s: %v", name, err)
+		if defineErr := define(i, cases[name]); defineErr != nil {
+			t.Errorf("libvirtd refuses %s: %v", name, defineErr)
 		}
 	}
 	// The most volumes a spec may have: libvirtd, which assigns PCI
@@ -54,12 +54,13 @@ func TestVolumesDefine(t *testing.T) {
 	full.VolumeDisks, full.Shares = nil, nil
 	full.ConfigDrive = &ConfigDrive{Path: "/c", Format: "vfat"}
 	for i := 0; i < MaxVolumeDisks; i++ {
-		full.VolumeDisks = append(full.VolumeDisks, VolumeDisk{Name: "/v", Path: fmt.Sprintf("/dev/loop%d", i), Block: true, Format: "raw", Serial: fmt.Sprint("d", i)})
+		full.VolumeDisks = append(full.VolumeDisks,
+			VolumeDisk{Name: "/v", Path: fmt.Sprintf("/dev/loop%d", i), Block: true, Format: "raw", Serial: fmt.Sprint("d", i)})
 	}
 	for i := 0; i < MaxShares; i++ {
 		full.Shares = append(full.Shares, Share{Name: "/s", Source: "/tmp", Tag: fmt.Sprint("s", i)})
 	}
-	if err := define(9, full); err != nil {
+	if err = define(9, full); err != nil {
 		t.Errorf("libvirtd refuses %d disk volumes and %d shares: %v", MaxVolumeDisks, MaxShares, err)
 	}
 

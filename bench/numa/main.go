@@ -132,12 +132,11 @@ type placer interface {
 
 // result is what one placer did on one host.
 type result struct {
-	placer                          string
-	beforeFirstReject               int
-	admitted, rejected, split       int
-	worstImbalance, meanImbalance   float64 // max over nodes of |cpu-mem|, worst and averaged over events
-	worstMemSpread, worstCPUSpread  float64 // max-min over nodes
-	reserve, release, place, decide []time.Duration
+	placer                         string
+	beforeFirstReject              int
+	admitted, rejected, split      int
+	worstImbalance, meanImbalance  float64 // max over nodes of |cpu-mem|, worst and averaged over events
+	worstMemSpread, worstCPUSpread float64 // max-min over nodes
 }
 
 func simulate(p placer, sizes []vmSize, events []event) (result, error) {
@@ -193,14 +192,19 @@ func run(arrivals int, seed uint64, lifetime float64, dir, diskDir string) error
 		mem += float64(s.memGiB)
 	}
 	load, _ := os.ReadFile("/proc/loadavg")
-	fmt.Printf("workload: %d arrivals, seed %d, mean %.2f vCPUs and %.1f GiB per VM, mean lifetime %g arrivals (offered: %.0f vCPUs, %.0f GiB at once)\n",
-		arrivals, seed, vcpus/float64(arrivals), mem/float64(arrivals), lifetime, vcpus/float64(arrivals)*lifetime, mem/float64(arrivals)*lifetime)
-	fmt.Printf("ours and first-fit: cpu_threshold %g, mem_threshold %g, no spread; cpu-manager: exclusive CPUs, no overcommit, splits allowed\n",
+	fmt.Printf("workload: %d arrivals, seed %d, mean %.2f vCPUs and %.1f GiB per VM, mean lifetime %g arrivals (offered: %.0f vCPUs, %.0f "+
+		"GiB at once)\n",
+		arrivals, seed, vcpus/float64(arrivals), mem/float64(arrivals), lifetime,
+		vcpus/float64(arrivals)*lifetime, mem/float64(arrivals)*lifetime)
+	fmt.Printf("ours and first-fit: cpu_threshold %g, mem_threshold %g, no spread; cpu-manager: exclusive CPUs, no overcommit, splits "+
+		"allowed\n",
 		numa.DefaultCPUThreshold, numa.DefaultMemThreshold)
 	fmt.Printf("store state file in %s; load average %s\n", dir, strings.TrimSpace(string(load)))
 
 	out := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(out, "host\tplacer\tadmitted before 1st reject\tadmitted\trejected\tsplit VMs\tworst |cpu-mem|\tmean |cpu-mem|\tworst mem spread\tworst cpu spread\t")
+	fmt.Fprintln(out,
+		"host\tplacer\tadmitted before 1st reject\tadmitted\trejected\tsplit VMs\tworst |cpu-mem|\tmean |cpu-mem|\tworst mem spread\tworst cpu "+
+			"spread\t")
 	var lat []latencyRow
 	for _, h := range hosts {
 		t := h.topology()

@@ -37,7 +37,7 @@ func (o *ours) add(vm int, s vmSize) (bool, bool, error) {
 	o.reserve = append(o.reserve, time.Since(start))
 	if errdefs.IsResourceExhausted(err) {
 		if perr == nil {
-			return false, false, fmt.Errorf("Place admitted %s but the store rejected it", r.Owner)
+			return false, false, fmt.Errorf("the store rejected %s, which Place admitted", r.Owner)
 		}
 		return false, false, nil
 	}

@@ -26,9 +26,9 @@ func main() {
 	if domain := netfd.DomainFromArgs(args); domain != "" {
 		sock := netfd.SocketPath(netfd.SocketDir, domain)
 		if _, err := os.Stat(sock); err == nil {
-			g, fds, err := netfd.Fetch(sock)
-			if err != nil {
-				fmt.Fprintf(os.Stderr, "kvm-qemu-wrapper: network of %s: %v\n", domain, err)
+			g, fds, fetchErr := netfd.Fetch(sock)
+			if fetchErr != nil {
+				fmt.Fprintf(os.Stderr, "kvm-qemu-wrapper: network of %s: %v\n", domain, fetchErr)
 				os.Exit(1)
 			}
 			if g.QEMU != "" {

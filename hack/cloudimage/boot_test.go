@@ -13,6 +13,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -135,7 +136,7 @@ func diskFromArchive(archive, dest string) error {
 		tr := tar.NewReader(gz)
 		for {
 			hdr, err := tr.Next()
-			if err == io.EOF {
+			if errors.Is(err, io.EOF) {
 				return true, nil
 			}
 			if err != nil {
@@ -173,7 +174,7 @@ func walkTar(p string, fn func(name string, size int64, r io.Reader) (stop bool,
 	tr := tar.NewReader(f)
 	for {
 		hdr, err := tr.Next()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return nil
 		}
 		if err != nil {
@@ -330,8 +331,8 @@ func bootAndCheck(t *testing.T, format configdrive.Format) {
 	running := true
 	defer func() {
 		if running {
-			qemu.Process.Kill() // only the QEMU this test started
-			<-exited
+			_ = qemu.Process.Kill() // only the QEMU this test started
+			<-exited                //nolint:errcheck // the exit status of a QEMU killed here
 		}
 		if t.Failed() {
 			log, _ := os.ReadFile(logPath)

@@ -15,7 +15,7 @@
 #                                      the mirror or the package list changed)
 # Environment:
 #   DEBIAN_MIRROR   mirror for debootstrap (default: the first bookworm main
-#                   source in the host's apt configuration, else deb.debian.org)
+#                   source in the host's apt configuration; none is an error)
 #   CLOUDIMAGE_OUT  archive to write (default _output/images/cloud.tar)
 #   CLOUDIMAGE_WORK scratch directory (default _output/cloudimage)
 #
@@ -38,8 +38,21 @@ die() {
 }
 # shellcheck source=hack/lib/host-packages.sh
 source hack/lib/host-packages.sh
+# shellcheck source=hack/lib/apt-mirror.sh
+source hack/lib/apt-mirror.sh
 
 [[ $(id -u) == 0 ]] || die "must run as root (debootstrap and chroot)"
+
+# --- mirror -----------------------------------------------------------------
+
+# The mirror is the host's own: this tree names none (hack/lib/apt-mirror.sh).
+# Checked before anything is installed.
+if [[ -n ${DEBIAN_MIRROR:-} ]]; then
+	MIRROR=$DEBIAN_MIRROR
+elif ! MIRROR=$(apt_mirror "$SUITE"); then
+	die "no Debian mirror: the host's apt sources (/etc/apt/sources.list, /etc/apt/sources.list.d/*.list and *.sources) have no enabled \"deb\" entry for $SUITE main with an http, https or file URI; add one, or set DEBIAN_MIRROR"
+fi
+MIRROR=${MIRROR%/}
 
 # --- host packages ----------------------------------------------------------
 
@@ -56,37 +69,6 @@ declare -A NEED=(
 )
 install_missing NEED
 command -v go >/dev/null || die "go is not installed (needed for hack/ocipack)"
-
-# --- mirror -----------------------------------------------------------------
-
-# host_mirror: print the URI of the host's Debian main archive (not the
-# security one) from deb822 .sources files or one-line sources.list entries.
-host_mirror() {
-	local f
-	for f in /etc/apt/sources.list.d/*.sources; do
-		[[ -r $f ]] || continue
-		awk -v suite="$SUITE" '
-			function flush() {
-				if (uris != "" && index(" " suites " ", " " suite " ") && uris !~ /security/) {
-					split(uris, u, " "); print u[1]; found = 1; exit
-				}
-				uris = ""; suites = ""
-			}
-			/^[ \t]*$/ { flush(); next }
-			/^URIs:/ { sub(/^URIs:[ \t]*/, ""); uris = $0 }
-			/^Suites:/ { sub(/^Suites:[ \t]*/, ""); suites = $0 }
-			END { if (!found) flush() }' "$f"
-	done
-	for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
-		[[ -r $f ]] || continue
-		awk -v suite="$SUITE" '$1 == "deb" && $0 !~ /security/ {
-			for (i = 2; i <= NF; i++) if ($i ~ /^[a-z]+:\/\//) { if ($(i+1) == suite) { print $i; exit } ; break }
-		}' "$f"
-	done
-}
-MIRROR=${DEBIAN_MIRROR:-$(host_mirror | head -n 1)}
-MIRROR=${MIRROR:-http://deb.debian.org/debian}
-MIRROR=${MIRROR%/}
 
 # --- what goes into the guest -----------------------------------------------
 

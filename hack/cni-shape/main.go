@@ -217,7 +217,8 @@ func reshapeRouted(pod *netlink.Handle, r *result, ifName string, gw4 net.IP, ca
 		}
 		ips = append(ips, ipConfig{Interface: &podIdx, Address: a.IPNet.String(), Gateway: gw})
 	}
-	if err := pod.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: &net.IPNet{IP: gw4, Mask: net.CIDRMask(32, 32)}, Scope: netlink.SCOPE_LINK}); err != nil {
+	if err := pod.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: &net.IPNet{IP: gw4, Mask: net.CIDRMask(32, 32)},
+		Scope: netlink.SCOPE_LINK}); err != nil {
 		return fmt.Errorf("on-link route to %s: %w", gw4, err)
 	}
 	if err := pod.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: gw4}); err != nil {
@@ -260,7 +261,8 @@ func ensureCiliumHost(name, gw string) error {
 	}
 	l, err := netlink.LinkByName(name)
 	if err != nil {
-		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "n"}); err != nil && !errors.Is(err, unix.EEXIST) {
+		if err = netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "n"}); err != nil &&
+			!errors.Is(err, unix.EEXIST) {
 			return fmt.Errorf("add %s: %w", name, err)
 		}
 		if l, err = netlink.LinkByName(name); err != nil {
@@ -304,10 +306,10 @@ func addNet1(pod *netlink.Handle, ns netns.NsHandle, nsPath string, r *result, i
 		return err
 	}
 	hostAddr := &netlink.Addr{IPNet: &net.IPNet{IP: net.IPv4(10, 90, v4[2], 254), Mask: net.CIDRMask(24, 32)}}
-	if err := netlink.AddrAdd(host, hostAddr); err != nil {
+	if err = netlink.AddrAdd(host, hostAddr); err != nil {
 		return err
 	}
-	if err := netlink.LinkSetUp(host); err != nil {
+	if err = netlink.LinkSetUp(host); err != nil {
 		return err
 	}
 	l, err := pod.LinkByName("net1")

@@ -105,7 +105,7 @@ func (r *report) read(in io.Reader, w io.Writer) error {
 
 func (r *report) add(e event, w io.Writer) {
 	if e.Action == "output" || e.Action == "build-output" {
-		io.WriteString(w, e.Output)
+		_, _ = io.WriteString(w, e.Output)
 	}
 	if e.Test == "" {
 		switch e.Action {

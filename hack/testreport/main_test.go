@@ -63,7 +63,8 @@ func TestReportStreamsAndSummarizesLeafFailures(t *testing.T) {
 		"=== RUN   TestA/1.6\n", // streamed as it came
 		"          pod IP still reserved: /x/10.0.0.5\n",
 		"==== testreport: 1 failing test(s), failed package(s): p\n",
-		"--- FAIL: TestA/1.6 (15.2s)\n    a_test.go:10: booted\n    a_test.go:12: left behind after delete:\n        pod IP still reserved: /x/10.0.0.5\n    c_test.go:89:",
+		"--- FAIL: TestA/1.6 (15.2s)\n    a_test.go:10: booted\n    a_test.go:12: left behind after delete:\n        pod IP still reserved: " +
+			"/x/10.0.0.5\n    c_test.go:89:",
 		"--- package p, its last lines outside a test:\n    panic: test timed out after 80m0s\n    FAIL\tp\t16.000s\n",
 	} {
 		if !strings.Contains(got, want) {
@@ -87,7 +88,8 @@ func TestReportKeepsLastMessages(t *testing.T) {
 	events = append(events, event{Action: "fail", Package: "p", Test: "TestA"}, event{Action: "fail", Package: "p"})
 	got, _ := run(t, stream(t, events...))
 	summary := got[strings.Index(got, "==== testreport"):]
-	if strings.Contains(summary, "a_test.go:4: ") || !strings.Contains(summary, "a_test.go:5: ") || !strings.Contains(summary, fmt.Sprintf("a_test.go:%d: ", messagesPerTest+4)) {
+	if strings.Contains(summary, "a_test.go:4: ") || !strings.Contains(summary, "a_test.go:5: ") ||
+		!strings.Contains(summary, fmt.Sprintf("a_test.go:%d: ", messagesPerTest+4)) {
 		t.Errorf("want the last %d messages:\n%s", messagesPerTest, summary)
 	}
 	if !strings.Contains(summary, strings.Repeat("x", messageWidth-20)+"...") {
@@ -96,7 +98,8 @@ func TestReportKeepsLastMessages(t *testing.T) {
 }
 
 func TestReportPassAndNoResult(t *testing.T) {
-	got, ok := run(t, stream(t, out("TestA", "    a_test.go:1: hi\n"), event{Action: "pass", Package: "p", Test: "TestA"}, event{Action: "pass", Package: "p"}))
+	got, ok := run(t,
+		stream(t, out("TestA", "    a_test.go:1: hi\n"), event{Action: "pass", Package: "p", Test: "TestA"}, event{Action: "pass", Package: "p"}))
 	if !ok || strings.Contains(got, "testreport") {
 		t.Errorf("a passing run: ok=%v\n%s", ok, got)
 	}
@@ -112,7 +115,8 @@ func TestReportCutsLongContinuations(t *testing.T) {
 	for i := range continuationLines + 3 {
 		events = append(events, out("TestA", fmt.Sprintf("        line %d\n", i)))
 	}
-	events = append(events, out("TestA", "    a_test.go:2: after\n"), event{Action: "fail", Package: "p", Test: "TestA"}, event{Action: "fail", Package: "p"})
+	events = append(events, out("TestA", "    a_test.go:2: after\n"), event{Action: "fail", Package: "p", Test: "TestA"},
+		event{Action: "fail", Package: "p"})
 	got, _ := run(t, stream(t, events...))
 	summary := got[strings.Index(got, "==== testreport"):]
 	want := fmt.Sprintf("        line %d\n        (3 more lines, in the output above)\n    a_test.go:2: after\n", continuationLines-1)

@@ -260,7 +260,8 @@ func testDelete(t *testing.T, e *env) {
 	finished := time.Since(start)
 	follow.waitFor(t, poweroffLine, shortTimeout)
 	if code != "0" || finished >= grace {
-		t.Errorf("the VM container ended with exit code %s after %s, want 0 within the grace period %s (a powered-off guest)", code, finished, grace)
+		t.Errorf("the VM container ended with exit code %s after %s, want 0 within the grace period %s (a powered-off guest)", code, finished,
+			grace)
 	}
 	e.kubectl(t, "wait", "--for=delete", "pod/"+vmA.name, "--timeout=90s")
 	t.Logf("kubectl delete pod %s: the guest printed %s and the container ended (exit code %s) after %s; the pod was gone after %s",
@@ -330,7 +331,7 @@ func (e *env) sandboxNetns(t *testing.T, uid string) string {
 func (e *env) podLeftovers(uid, domain, netns string) []string {
 	var left []string
 	if l, err := testenv.ConnectLibvirt(); err == nil {
-		if _, err := l.DomainLookupByName(domain); err == nil {
+		if _, domainLookupByNameErr := l.DomainLookupByName(domain); domainLookupByNameErr == nil {
 			left = append(left, "libvirt domain "+domain)
 		}
 		_ = l.Disconnect()
@@ -497,7 +498,8 @@ func testExec(t *testing.T, e *env) {
 	e.kubectl(t, "exec", o.name, "--", "touch", "/run/e2e-ready")
 	e.waitPod(t, o.name, shortTimeout, "Ready once the exec probe succeeds", func(p *podStatus) bool { return p.ready() })
 
-	if out, err := e.cluster.Kubectl(ctx, []byte("through-stdin\n"), "exec", "-i", o.name, "--", "cat"); err != nil || out != "through-stdin\n" {
+	if out, err := e.cluster.Kubectl(ctx, []byte("through-stdin\n"), "exec", "-i", o.name, "--", "cat"); err != nil ||
+		out != "through-stdin\n" {
 		t.Errorf("kubectl exec -i -- cat with stdin: %q, %v", out, err)
 	}
 	// The guest's shell computes the markers, so the command line in an
@@ -506,7 +508,8 @@ func testExec(t *testing.T, e *env) {
 	if err == nil || !strings.Contains(err.Error(), "exit status 3") || out != "OUT-42\n" || !strings.Contains(err.Error(), "ERR-42") {
 		t.Errorf("kubectl exec of a command that exits 3: stdout %q, %v; want stdout OUT-42, stderr ERR-42 and exit status 3", out, err)
 	}
-	if _, err := e.cluster.Kubectl(ctx, nil, "exec", o.name, "--", "no-such-command"); err == nil || !strings.Contains(err.Error(), "exit status 127") {
+	if _, err := e.cluster.Kubectl(ctx, nil, "exec", o.name, "--", "no-such-command"); err == nil ||
+		!strings.Contains(err.Error(), "exit status 127") {
 		t.Errorf("kubectl exec of a missing command: %v, want exit status 127", err)
 	}
 }

@@ -129,7 +129,8 @@ func (p *podStatus) String() string {
 	case c.State.Waiting != nil:
 		state = fmt.Sprintf("waiting %s %s", c.State.Waiting.Reason, c.State.Waiting.Message)
 	}
-	return fmt.Sprintf("pod %s: phase %s, ready %v, container %s, restarts %d", p.Metadata.Name, p.Status.Phase, p.ready(), state, c.RestartCount)
+	return fmt.Sprintf("pod %s: phase %s, ready %v, container %s, restarts %d", p.Metadata.Name, p.Status.Phase, p.ready(), state,
+		c.RestartCount)
 }
 
 // getPod reads a pod's status.
@@ -303,7 +304,8 @@ func (s *stream) waitMatch(t *testing.T, what string, timeout time.Duration, mat
 			if m, ok := match(s.output()); ok {
 				return m
 			}
-			t.Fatalf("%s ended (%v) without %s; output:\n%s", strings.Join(s.cmd.Args[1:], " "), s.cmd.ProcessState, what, testenv.Tail(s.output(), 30))
+			t.Fatalf("%s ended (%v) without %s; output:\n%s", strings.Join(s.cmd.Args[1:], " "), s.cmd.ProcessState, what,
+				testenv.Tail(s.output(), 30))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -331,7 +333,7 @@ func echo(addr, line string) error {
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.WriteString(conn, line+"\n"); err != nil {
+	if _, err = io.WriteString(conn, line+"\n"); err != nil {
 		return err
 	}
 	got, err := bufio.NewReader(conn).ReadString('\n')

@@ -82,8 +82,8 @@ func runMain(m *testing.M) int {
 	if err == nil {
 		suite = s
 		code := m.Run()
-		if err := s.close(); err != nil {
-			fmt.Fprintf(os.Stderr, "e2e: teardown: %v\n", err)
+		if closeErr := s.close(); closeErr != nil {
+			fmt.Fprintf(os.Stderr, "e2e: teardown: %v\n", closeErr)
 			code = 1
 		}
 		return code
@@ -113,7 +113,7 @@ func newSuite() (*testSuite, error) {
 		imagesDir:  envOr("KVM_IT_IMAGES", filepath.Join(repo, "_output", "images")),
 	}
 	// libvirt runs QEMU as libvirt-qemu: it must reach the shim's state dir.
-	if err := os.Chmod(tmp, 0o755); err != nil {
+	if err = os.Chmod(tmp, 0o755); err != nil {
 		return s, err
 	}
 	if s.wrapper, err = testenv.BuildShim(repo, s.binDir, s.wrapperDir); err != nil {
@@ -218,8 +218,8 @@ func (s *testSuite) start(t *testing.T, name string) *env {
 		t.Fatal(err)
 	}
 	for _, f := range imageFiles {
-		if _, err := ctd.Import(ctx, filepath.Join(s.imagesDir, f), testenv.NamespaceCRI); err != nil {
-			t.Fatal(err)
+		if _, importErr := ctd.Import(ctx, filepath.Join(s.imagesDir, f), testenv.NamespaceCRI); importErr != nil {
+			t.Fatal(importErr)
 		}
 	}
 	started := time.Now()
@@ -248,7 +248,8 @@ func (s *testSuite) start(t *testing.T, name string) *env {
 func (e *env) stop(t *testing.T) {
 	ctx := context.Background()
 	if e.cluster != nil && e.cluster.Pid("kube-apiserver") != 0 {
-		if _, err := e.cluster.Kubectl(ctx, nil, "delete", "deployments,services,pods", "--all", "-n", "default", "--wait=true", "--timeout=2m"); err != nil {
+		if _, err := e.cluster.Kubectl(ctx, nil, "delete", "deployments,services,pods", "--all", "-n", "default", "--wait=true",
+			"--timeout=2m"); err != nil {
 			t.Errorf("delete the workloads: %v", err)
 		}
 		if left := e.ctd.WaitNothingLeft(ctx, sandboxGCTimeout); len(left) > 0 {

@@ -104,7 +104,8 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 	if o.StartTimeout == 0 {
 		o.StartTimeout = 3 * time.Minute
 	}
-	for _, bin := range []string{o.Etcd, o.bin("kube-apiserver"), o.bin("kube-controller-manager"), o.bin("kubelet"), o.bin("kube-proxy"), o.bin("kubectl")} {
+	for _, bin := range []string{o.Etcd, o.bin("kube-apiserver"), o.bin("kube-controller-manager"), o.bin("kubelet"), o.bin("kube-proxy"),
+		o.bin("kubectl")} {
 		if _, err := os.Stat(bin); err != nil {
 			return nil, fmt.Errorf("kube: %w (hack/k8s/build.sh builds the Kubernetes binaries; hack/setup-host.sh installs etcd-server)", err)
 		}
@@ -125,8 +126,8 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 		Kubeconfig: filepath.Join(o.Dir, "admin.kubeconfig"),
 	}
 	for _, d := range []string{o.Dir, c.PodLogsDir, c.KubeletDir, filepath.Join(o.Dir, "etcd")} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return nil, err
+		if mkdirAllErr := os.MkdirAll(d, 0o755); mkdirAllErr != nil {
+			return nil, mkdirAllErr
 		}
 	}
 	if c.PKI, err = newPKI(filepath.Join(o.Dir, "pki"), o.Node, o.NodeIP, serviceIP); err != nil {

@@ -176,7 +176,7 @@ func newPKI(dir, node string, nodeIP, serviceIP net.IP) (*PKI, error) {
 	}
 	p.ServiceAccountKey = filepath.Join(dir, "sa.key")
 	p.ServiceAccountPub = filepath.Join(dir, "sa.pub")
-	if err := writeKey(p.ServiceAccountKey, key); err != nil {
+	if err = writeKey(p.ServiceAccountKey, key); err != nil {
 		return nil, err
 	}
 	pub, err := x509.MarshalPKIXPublicKey(&key.PublicKey)

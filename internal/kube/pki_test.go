@@ -42,29 +42,29 @@ func TestPKI(t *testing.T) {
 		{"kube-proxy", p.KubeProxy, x509.ExtKeyUsageClientAuth, "", "system:kube-proxy", nil},
 	}
 	for _, c := range cases {
-		kp, err := tls.LoadX509KeyPair(c.pair.Cert, c.pair.Key)
-		if err != nil {
-			t.Fatalf("%s: %v", c.name, err)
+		kp, pairErr := tls.LoadX509KeyPair(c.pair.Cert, c.pair.Key)
+		if pairErr != nil {
+			t.Fatalf("%s: %v", c.name, pairErr)
 		}
-		cert, err := x509.ParseCertificate(kp.Certificate[0])
-		if err != nil {
-			t.Fatal(err)
+		cert, certErr := x509.ParseCertificate(kp.Certificate[0])
+		if certErr != nil {
+			t.Fatal(certErr)
 		}
 		opts := x509.VerifyOptions{Roots: roots, DNSName: c.host, KeyUsages: []x509.ExtKeyUsage{c.usage}}
-		if _, err := cert.Verify(opts); err != nil {
-			t.Errorf("%s: %v", c.name, err)
+		if _, verifyErr := cert.Verify(opts); verifyErr != nil {
+			t.Errorf("%s: %v", c.name, verifyErr)
 		}
 		if cert.Subject.CommonName != c.cn || len(cert.Subject.Organization) != len(c.orgs) ||
 			(len(c.orgs) > 0 && cert.Subject.Organization[0] != c.orgs[0]) {
 			t.Errorf("%s: subject %v, want CN %s O %v", c.name, cert.Subject, c.cn, c.orgs)
 		}
 	}
-	if fi, err := os.Stat(p.ServiceAccountKey); err != nil || fi.Mode().Perm() != 0o600 {
-		t.Errorf("service account key: %v %v", fi, err)
+	if fi, statErr := os.Stat(p.ServiceAccountKey); statErr != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("service account key: %v %v", fi, statErr)
 	}
 
 	kc := filepath.Join(dir, "admin.kubeconfig")
-	if err := writeKubeconfig(kc, "https://127.0.0.1:1", p.CA, p.Admin); err != nil {
+	if err = writeKubeconfig(kc, "https://127.0.0.1:1", p.CA, p.Admin); err != nil {
 		t.Fatal(err)
 	}
 	b, err := os.ReadFile(kc)

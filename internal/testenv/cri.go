@@ -178,7 +178,8 @@ func (cl *CRI) ContainerState(ctx context.Context, id string) (*cri.ContainerSta
 
 // WaitContainerState polls ContainerStatus every interval until the
 // container is in state, or ctx ends, or it exited when state is RUNNING.
-func (cl *CRI) WaitContainerState(ctx context.Context, id string, state cri.ContainerState, interval time.Duration) (*cri.ContainerStatus, error) {
+func (cl *CRI) WaitContainerState(ctx context.Context, id string, state cri.ContainerState,
+	interval time.Duration) (*cri.ContainerStatus, error) {
 	var st *cri.ContainerStatus
 	var gone error
 	err := Poll(ctx, interval, func() (bool, string) {

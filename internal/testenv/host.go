@@ -166,7 +166,7 @@ func RemoveDomainsMentioning(l *libvirt.Libvirt, dir string) ([]string, error) {
 	removed := make([]string, 0, len(doms))
 	for _, name := range doms {
 		removed = append(removed, leftoverDomain+name)
-		if d, err := l.DomainLookupByName(name); err == nil {
+		if d, domainLookupByNameErr := l.DomainLookupByName(name); domainLookupByNameErr == nil {
 			_ = l.DomainDestroy(d)
 			_ = l.DomainUndefine(d)
 		}

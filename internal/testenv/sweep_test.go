@@ -56,7 +56,9 @@ func TestSweepDeadRuns(t *testing.T) {
 	}
 	defer l.Disconnect()
 	name := fmt.Sprintf("kvm-sweep-test-%d", os.Getpid())
-	dom, err := l.DomainDefineXML(fmt.Sprintf(`<domain type='qemu'><name>%s</name><memory unit='MiB'>16</memory><os><type arch='x86_64'>hvm</type></os><devices><serial type='file'><source path='%s/console.log'/></serial></devices></domain>`, name, dead))
+	dom, err := l.DomainDefineXML(fmt.Sprintf(`<domain type='qemu'><name>%s</name><memory unit='MiB'>16</memory>`+
+		`<os><type arch='x86_64'>hvm</type></os>`+
+		`<devices><serial type='file'><source path='%s/console.log'/></serial></devices></domain>`, name, dead))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +70,7 @@ func TestSweepDeadRuns(t *testing.T) {
 		t.Error("the dead run's domain is still defined")
 	}
 	select {
-	case <-exited:
+	case <-exited: //nolint:errcheck // the exit status of the run the sweep killed
 	case <-time.After(5 * time.Second):
 		t.Error("the dead run's process is still alive")
 	}

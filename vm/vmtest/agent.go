@@ -111,7 +111,8 @@ func (g *FakeGuest) AgentCommand(domain string, cmd []byte, _ time.Duration) ([]
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.absent {
-		return nil, libvirt.Error{Code: uint32(libvirt.ErrAgentUnresponsive), Message: "Guest agent is not responding: QEMU guest agent is not connected"}
+		return nil, libvirt.Error{Code: uint32(libvirt.ErrAgentUnresponsive),
+			Message: "Guest agent is not responding: QEMU guest agent is not connected"}
 	}
 	var req struct {
 		Execute   string          `json:"execute"`
@@ -121,7 +122,8 @@ func (g *FakeGuest) AgentCommand(domain string, cmd []byte, _ time.Duration) ([]
 		return nil, err
 	}
 	fail := func(msg string) ([]byte, error) {
-		return nil, libvirt.Error{Code: uint32(libvirt.ErrInternalError), Message: "internal error: unable to execute QEMU agent command '" + req.Execute + "': " + msg}
+		return nil, libvirt.Error{Code: uint32(libvirt.ErrInternalError), Message: "internal error: unable to execute QEMU agent command '" +
+			req.Execute + "': " + msg}
 	}
 	switch req.Execute {
 	case "guest-exec":
@@ -139,8 +141,8 @@ func (g *FakeGuest) AgentCommand(domain string, cmd []byte, _ time.Duration) ([]
 		}
 		if a.Path == "kill" && len(a.Arg) == 2 {
 			var sig, pid int
-			fmt.Sscanf(a.Arg[0], "-%d", &sig)
-			fmt.Sscanf(a.Arg[1], "%d", &pid)
+			_, _ = fmt.Sscanf(a.Arg[0], "-%d", &sig) // a bad argument leaves 0: no such process
+			_, _ = fmt.Sscanf(a.Arg[1], "%d", &pid)
 			if p, ok := g.procs[pid]; ok {
 				p.Polls, p.Signal = 0, sig
 			}

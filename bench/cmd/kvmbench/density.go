@@ -148,7 +148,8 @@ func densityRound(ctx context.Context, e *env, d *daemon, runtime string, n int)
 			<-gate
 			o := &outcomes[i]
 			t0 := time.Now()
-			o.pod, o.err = cl.RunPod(ctx, testenv.PodOptions{Name: fmt.Sprintf("dens-%s-%d-%d", runtime, n, i), Namespace: "kvmbench", Handler: runtime})
+			o.pod, o.err = cl.RunPod(ctx,
+				testenv.PodOptions{Name: fmt.Sprintf("dens-%s-%d-%d", runtime, n, i), Namespace: "kvmbench", Handler: runtime})
 			if o.err != nil {
 				return
 			}

@@ -82,14 +82,14 @@ func measureEvents(ctx context.Context, e *env, d *daemon, n int) (res eventsRes
 	}
 	defer cl.Close()
 	defer func() {
-		_, err := cl.RemoveAllPods(context.WithoutCancel(ctx))
+		_, removeAllPodsErr := cl.RemoveAllPods(context.WithoutCancel(ctx))
 		res.Leftovers = d.WaitNothingLeft(context.WithoutCancel(ctx), 2*goneTimeout)
 		if len(res.Leftovers) > 0 {
-			err = errors.Join(err, fmt.Errorf("left behind: %s", strings.Join(res.Leftovers, "; ")))
+			removeAllPodsErr = errors.Join(removeAllPodsErr, fmt.Errorf("left behind: %s", strings.Join(res.Leftovers, "; ")))
 		}
-		retErr = errors.Join(retErr, err)
+		retErr = errors.Join(retErr, removeAllPodsErr)
 	}()
-	if err := runIdlePods(ctx, cl, n); err != nil {
+	if err = runIdlePods(ctx, cl, n); err != nil {
 		return res, err
 	}
 	shims, err := waitConnected(ctx, d, n)
@@ -146,7 +146,8 @@ func runIdlePods(ctx context.Context, cl *testenv.CRI, n int) error {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			_, errs[i] = cl.RunPod(ctx, testenv.PodOptions{Name: fmt.Sprintf("events-%02d", i), Namespace: "kvmbench", Handler: "kvm", HostNetwork: true})
+			_, errs[i] = cl.RunPod(ctx,
+				testenv.PodOptions{Name: fmt.Sprintf("events-%02d", i), Namespace: "kvmbench", Handler: "kvm", HostNetwork: true})
 		}()
 	}
 	wg.Wait()
@@ -245,8 +246,10 @@ func (r *results) buildEvents() {
 		byFlavour[x.Flavour] = append(byFlavour[x.Flavour], x)
 		sec := "events " + x.Flavour
 		r.add(sec, fmt.Sprintf("%d idle pod shims connected, %d lifecycle events", x.Shims, x.Events),
-			fmt.Sprintf("shim CPU %.1f µs per event per shim (all shims %s ms, idle %s ms); libvirtd %.1f µs per event (%s ms, idle %s ms); %s ms wall",
-				x.ShimUsPerEvent, fmtMs(x.ShimsCPUMs), fmtMs(x.IdleShimsCPUMs), x.LibvirtdUsPerEvent, fmtMs(x.LibvirtdCPUMs), fmtMs(x.IdleLibvirtdCPUMs), fmtMs(x.WallMs)),
+			fmt.Sprintf("shim CPU %.1f µs per event per shim (all shims %s ms, idle %s ms); "+
+				"libvirtd %.1f µs per event (%s ms, idle %s ms); %s ms wall",
+				x.ShimUsPerEvent, fmtMs(x.ShimsCPUMs), fmtMs(x.IdleShimsCPUMs),
+				x.LibvirtdUsPerEvent, fmtMs(x.LibvirtdCPUMs), fmtMs(x.IdleLibvirtdCPUMs), fmtMs(x.WallMs)),
 			"", "info")
 	}
 	for _, f := range order {
@@ -266,7 +269,8 @@ func (r *results) buildEvents() {
 		rate := float64(hi.Shims) * eventsPerPodLife / 60
 		node := rate * perEvent / 1000 // ms of CPU per second
 		r.add("events "+f, fmt.Sprintf("other domains' events at %d VM pods", hi.Shims),
-			fmt.Sprintf("%.1f µs per event per shim (shim %.1f + libvirtd %.1f), %.2f ms per event on the node; with every pod re-created once a minute (%.1f events/s): %.1f ms CPU per second (%.2f%% of one core)",
+			fmt.Sprintf("%.1f µs per event per shim (shim %.1f + libvirtd %.1f), %.2f ms per event on the node; with every pod re-created once a "+
+				"minute (%.1f events/s): %.1f ms CPU per second (%.2f%% of one core)",
 				perShim, hi.ShimUsPerEvent, perShimLv, perEvent/1000, rate, node, node/10),
 			"negligible (< 1% of a core)", met(node < 10))
 	}

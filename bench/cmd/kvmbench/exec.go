@@ -74,7 +74,7 @@ func measureExec(ctx context.Context, d *daemon) (_ execResult, retErr error) {
 	if err != nil {
 		return res, err
 	}
-	if err := cl.StartContainer(ctx, cid); err != nil {
+	if err = cl.StartContainer(ctx, cid); err != nil {
 		return res, err
 	}
 	wctx, cancel := context.WithTimeout(ctx, runningTimeout)
@@ -85,8 +85,8 @@ func measureExec(ctx context.Context, d *daemon) (_ execResult, retErr error) {
 	}
 	running := time.Now()
 	execTrue := func() (time.Duration, error) {
-		ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
+		ectx, cancelExec := context.WithTimeout(ctx, 30*time.Second)
+		defer cancelExec()
 		start := time.Now()
 		r, err := cl.Runtime.ExecSync(ectx, &cri.ExecSyncRequest{ContainerId: cid, Cmd: []string{"true"}, Timeout: 10})
 		took := time.Since(start)

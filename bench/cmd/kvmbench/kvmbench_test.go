@@ -175,7 +175,8 @@ func TestTableAndMarkdown(t *testing.T) {
 	}
 	r.build()
 	tab := r.table()
-	for _, want := range []string{"TCG", "1.05x baseline, +5.0 ms", "ratio <= 1.10", "kvm PSS <= runc PSS", "1.30x per-pod time", "not measured"} {
+	for _, want := range []string{"TCG", "1.05x baseline, +5.0 ms", "ratio <= 1.10", "kvm PSS <= runc PSS", "1.30x per-pod time",
+		"not measured"} {
 		if !strings.Contains(tab, want) {
 			t.Errorf("table lacks %q:\n%s", want, tab)
 		}
@@ -244,6 +245,7 @@ func TestStartParts(t *testing.T) {
 	earlier := `time="2026-11-22T13:00:00.000000000Z" level=info msg="defined VM" took="define=1.0ms total=9.0ms" vm=old
 time="2026-11-22T13:00:00.500000000Z" level=info msg="started VM" took="libvirt_create=400.0ms total=410.0ms" vm=old
 `
+	//nolint:lll // containerd's log lines as it writes them
 	run := `time="2026-11-22T13:16:01.650000000Z" level=debug msg="starting signal loop"
 time="2026-11-22T13:16:01.695000000Z" level=info msg="defined VM" accel=tcg took="checks=0.0ms define=6.5ms total=17.0ms" vcpus=1 vm=kvm-default-lat-2
 time="2026-11-22T13:16:02.184000000Z" level=info msg="started VM" pid=13968 took="libvirt_create=476.0ms resume=6.0ms total=482.0ms" vm=kvm-default-lat-2
@@ -256,7 +258,7 @@ time="2026-11-22T13:16:02.184000000Z" level=info msg="started VM" pid=13968 took
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.WriteString(run); err != nil {
+	if _, err = f.WriteString(run); err != nil {
 		t.Fatal(err)
 	}
 	f.Close()
@@ -319,7 +321,8 @@ func TestExecRows(t *testing.T) {
 	r := &results{Settings: settings{Flavours: []string{"1.6"}}, Started: time.Date(2026, 11, 23, 20, 0, 0, 0, time.UTC)}
 	r.Exec = []execResult{
 		{Flavour: "1.6", Runs: 3, LatencyMs: []float64{50, 60, 70}, P50Ms: 60, P99Ms: 69.8, ShimCPUPerExecMs: 1.25, AgentReadyMs: 5000},
-		{Flavour: "2.x", Runs: 3, LatencyMs: []float64{50, 60}, Failures: []string{"exit code 126"}, P50Ms: 55, P99Ms: 59.9, ShimCPUPerExecMs: 1.5},
+		{Flavour: "2.x", Runs: 3, LatencyMs: []float64{50, 60}, Failures: []string{"exit code 126"}, P50Ms: 55, P99Ms: 59.9,
+			ShimCPUPerExecMs: 1.5},
 	}
 	r.build()
 	tab := r.table()

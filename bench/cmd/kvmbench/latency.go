@@ -103,7 +103,8 @@ func runLatency(ctx context.Context, e *env) (*latencyResults, error) {
 	for _, d := range e.daemons {
 		ctrP := &pathResult{Key: "ctr-" + d.name(), Label: "ctr run -d, containerd " + d.name(), Flavour: d.name()}
 		criP := &pathResult{Key: "cri-" + d.name(), Label: "CRI sandbox+create+start, containerd " + d.name(), Flavour: d.name()}
-		runcP := &pathResult{Key: "ctr-runc-" + d.name(), Label: "reference: ctr run -d of the pause image with runc, containerd " + d.name(), Flavour: d.name(), Reference: true}
+		runcP := &pathResult{Key: "ctr-runc-" + d.name(), Label: "reference: ctr run -d of the pause image with runc, containerd " + d.name(),
+			Flavour: d.name(), Reference: true}
 		steps = append(steps,
 			step{ctrP, func(i int, p *pathResult) error { return ctrRun(ctx, d, i, p) }},
 			step{criP, func(i int, p *pathResult) error { return criRun(ctx, d, i, p) }},
@@ -314,12 +315,12 @@ func criRun(ctx context.Context, d *daemon, i int, p *pathResult) (retErr error)
 	var pod *testenv.Pod
 	defer func() {
 		if pod != nil {
-			if err := cl.RemovePod(ctx, pod.ID); err != nil && retErr == nil {
-				retErr = err
+			if removePodErr := cl.RemovePod(ctx, pod.ID); removePodErr != nil && retErr == nil {
+				retErr = removePodErr
 			}
 		}
-		if err := waitGone(ctx, d); err != nil && retErr == nil {
-			retErr = err
+		if waitGoneErr := waitGone(ctx, d); waitGoneErr != nil && retErr == nil {
+			retErr = waitGoneErr
 		}
 	}()
 
@@ -335,13 +336,13 @@ func criRun(ctx context.Context, d *daemon, i int, p *pathResult) (retErr error)
 		return err
 	}
 	tCreate := time.Since(t0)
-	if err := cl.StartContainer(ctx, cid); err != nil {
+	if err = cl.StartContainer(ctx, cid); err != nil {
 		return err
 	}
 	tStart := time.Since(t0)
 	wctx, cancel := context.WithTimeout(ctx, runningTimeout)
 	defer cancel()
-	if _, err := cl.WaitContainerState(wctx, cid, cri.ContainerState_CONTAINER_RUNNING, statusPoll); err != nil {
+	if _, err = cl.WaitContainerState(wctx, cid, cri.ContainerState_CONTAINER_RUNNING, statusPoll); err != nil {
 		return err
 	}
 	start := time.Since(t0)
@@ -370,15 +371,15 @@ func captureTemplate(ctx context.Context, l *libvirt.Libvirt, d *daemon, rawDir 
 	}
 	defer tasks.Close()
 	defer func() {
-		if err := ctrRemove(ctx, d, tasks, id); err != nil && retErr == nil {
-			retErr = err
+		if ctrRemoveErr := ctrRemove(ctx, d, tasks, id); ctrRemoveErr != nil && retErr == nil {
+			retErr = ctrRemoveErr
 		}
 	}()
 	if r := d.Ctr(ctx, testenv.NamespaceDefault, "run", "-d", "--runtime", testenv.RuntimeKVM,
 		"--runtime-config-path", d.ShimConfigPath, d.kernelRef, id); r.Err != nil {
 		return nil, fmt.Errorf("%v", r)
 	}
-	if err := waitTask(ctx, tasks, id, "RUNNING"); err != nil {
+	if err = waitTask(ctx, tasks, id, "RUNNING"); err != nil {
 		return nil, err
 	}
 	xml, err := onlyShimDomainXML(l, d)
@@ -391,7 +392,7 @@ func captureTemplate(ctx context.Context, l *libvirt.Libvirt, d *daemon, rawDir 
 	}
 	vmDir := m[1]
 	filesDir := filepath.Join(rawDir, "files")
-	if err := copyVMFiles(vmDir, filesDir); err != nil {
+	if err = copyVMFiles(vmDir, filesDir); err != nil {
 		return nil, err
 	}
 	tmpl, err := baselineXML(xml, vmDir, filesDir, d.ShimStateDir)
@@ -438,7 +439,8 @@ func baselineXML(xml, vmDir, filesDir, stateDir string) (string, error) {
 	}
 	x = strings.ReplaceAll(x, vmDir+"/", filesDir+"/")
 	if strings.Contains(x, stateDir+"/") {
-		return "", fmt.Errorf("the domain XML still names the shim's state dir %s (a disk overlay?): only direct kernel boot images are supported", stateDir)
+		return "", fmt.Errorf("the domain XML still names the shim's state dir %s (a disk overlay?): "+
+			"only direct kernel boot images are supported", stateDir)
 	}
 	for _, ph := range []string{"@NAME@", "@UUID@", "@RUNDIR@/console.log"} {
 		if !strings.Contains(x, ph) {
@@ -466,12 +468,12 @@ func (b *baseline) run(ctx context.Context, i int, p *pathResult) (retErr error)
 	}
 	defer func() {
 		_ = b.l.DomainDestroy(dom)
-		if err := b.l.DomainUndefine(dom); err != nil && retErr == nil {
-			retErr = fmt.Errorf("undefine %s: %w", name, err)
+		if domainUndefineErr := b.l.DomainUndefine(dom); domainUndefineErr != nil && retErr == nil {
+			retErr = fmt.Errorf("undefine %s: %w", name, domainUndefineErr)
 		}
 	}()
 	tDefine := time.Since(t0)
-	if err := b.l.DomainCreate(dom); err != nil {
+	if err = b.l.DomainCreate(dom); err != nil {
 		return fmt.Errorf("create: %w", err)
 	}
 	tCreate := time.Since(t0)

@@ -105,7 +105,8 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&c.volumeVMs, "volume-vms", 4, "volumes: VMs per variant (each runs the workload 3 times)")
 	fs.IntVar(&c.volumeMiB, "volume-mib", 256, "volumes: MiB written and read sequentially per run, and the span of the random 4 KiB I/O")
 	fs.IntVar(&c.volumeOps, "volume-ops", 4000, "volumes: random 4 KiB reads and as many writes per run")
-	fs.StringVar(&c.volumeLoop, "volume-loop", "direct", "volumes: the loop device's I/O to its file: direct (as a real block device, no host page cache) or buffered")
+	fs.StringVar(&c.volumeLoop, "volume-loop", "direct",
+		"volumes: the loop device's I/O to its file: direct (as a real block device, no host page cache) or buffered")
 	eventsShims := fs.String("events-shims", "1,50", "events: idle pod shim counts (the first and last give the cost of one more shim)")
 	fs.IntVar(&c.eventsCount, "events-count", 1000, "events: lifecycle events made per shim count (defined + undefined pairs)")
 	fs.IntVar(&c.microCount, "micro-count", 6, "micro: go test -count")
@@ -114,9 +115,11 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&c.imagesDir, "images", "_output/images", "directory with the guest images (hack/guest/build.sh)")
 	fs.StringVar(&c.outDir, "out", "bench/results", "where results go; \"\" writes none")
 	fs.BoolVar(&c.keep, "keep", false, "keep the work dir under /run (daemon logs, shim state)")
-	fs.DurationVar(&c.waitQuiet, "wait-quiet", 0, "first wait up to this long until no other QEMU runs and the load is below 1 for 30 s (0: do not wait)")
+	fs.DurationVar(&c.waitQuiet, "wait-quiet", 0,
+		"first wait up to this long until no other QEMU runs and the load is below 1 for 30 s (0: do not wait)")
 	fs.BoolVar(&c.debug, "debug", false, "containerd and the shims log at debug level (slower; for finding out why)")
-	fs.BoolVar(&c.quick, "quick", false, "a short run: -runs 3 -memory-pods 1,3 -density-pods 1,4 -micro-count 1 -micro-benchtime 200ms unless set")
+	fs.BoolVar(&c.quick, "quick", false,
+		"a short run: -runs 3 -memory-pods 1,3 -density-pods 1,4 -micro-count 1 -micro-benchtime 200ms unless set")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -126,7 +129,8 @@ func parseFlags(args []string) (*config, error) {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if c.quick {
-		quick := map[string]string{"runs": "3", "memory-pods": "1,3", "density-pods": "1,4", "micro-count": "1", "micro-benchtime": "200ms", "net-runs": "2", "net-seconds": "3", "volume-vms": "1"}
+		quick := map[string]string{"runs": "3", "memory-pods": "1,3", "density-pods": "1,4", "micro-count": "1", "micro-benchtime": "200ms",
+			"net-runs": "2", "net-seconds": "3", "volume-vms": "1"}
 		for name, v := range quick {
 			if !set[name] {
 				if err := fs.Set(name, v); err != nil {
@@ -177,7 +181,8 @@ func parseFlags(args []string) (*config, error) {
 func (c *config) has(section string) bool { return slices.Contains(c.sections, section) }
 
 func (c *config) needsDaemons() bool {
-	return c.has("latency") || c.has("memory") || c.has("density") || c.has("net") || c.has("exec") || c.has("resources") || c.has("volumes") || c.has("events")
+	return c.has("latency") || c.has("memory") || c.has("density") || c.has("net") || c.has("exec") || c.has("resources") ||
+		c.has("volumes") || c.has("events")
 }
 
 func splitList(s string) []string {
@@ -210,16 +215,16 @@ func run(c *config) (retErr error) {
 	defer stop()
 
 	res := &results{Command: c.commandLine, Started: time.Now().UTC()}
-	facts, err := machineFacts(ctx, c)
+	machine, err := machineFacts(ctx, c)
 	if err != nil {
 		return err
 	}
-	res.Machine = facts
+	res.Machine = machine
 	res.Settings = settingsOf(c)
 
 	if c.needsDaemons() {
-		if err := measureOnHost(ctx, c, res); err != nil {
-			return err
+		if measureOnHostErr := measureOnHost(ctx, c, res); measureOnHostErr != nil {
+			return measureOnHostErr
 		}
 	}
 	if c.has("micro") && ctx.Err() == nil {
@@ -261,7 +266,7 @@ func measureOnHost(ctx context.Context, c *config, res *results) (retErr error) 
 	defer unlockIT()
 	if c.waitQuiet > 0 {
 		logf("waiting up to %v for the host to go quiet", c.waitQuiet)
-		if err := waitQuiet(ctx, c.waitQuiet, 30*time.Second); err != nil {
+		if err = waitQuiet(ctx, c.waitQuiet, 30*time.Second); err != nil {
 			if ctx.Err() != nil {
 				return err
 			}
@@ -271,8 +276,8 @@ func measureOnHost(ctx context.Context, c *config, res *results) (retErr error) 
 	}
 	e, err := setup(ctx, c)
 	defer func() {
-		if err := e.close(c.keep); err != nil {
-			retErr = errors.Join(retErr, err)
+		if closeErr := e.close(c.keep); closeErr != nil {
+			retErr = errors.Join(retErr, closeErr)
 		}
 	}()
 	stopMonitor := monitor(e.work)
@@ -284,9 +289,9 @@ func measureOnHost(ctx context.Context, c *config, res *results) (retErr error) 
 		return err
 	}
 	for _, d := range e.daemons {
-		v, err := d.Version(ctx)
-		if err != nil {
-			return err
+		v, versionErr := d.Version(ctx)
+		if versionErr != nil {
+			return versionErr
 		}
 		res.Machine.Containerd = append(res.Machine.Containerd, d.name()+": "+v)
 	}

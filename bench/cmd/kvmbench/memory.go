@@ -93,7 +93,7 @@ func measurePods(ctx context.Context, d *daemon, runtime string, n int) (_ memor
 		if err != nil {
 			return res, err
 		}
-		if err := cl.StartContainer(ctx, cid); err != nil {
+		if err = cl.StartContainer(ctx, cid); err != nil {
 			return res, err
 		}
 		wctx, cancel := context.WithTimeout(ctx, runningTimeout)

@@ -82,7 +82,7 @@ func runNet(ctx context.Context, e *env) (_ *netResults, retErr error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(offCfg, append(b, []byte("vnet_hdr = false\n")...), 0o644); err != nil {
+	if err = os.WriteFile(offCfg, append(b, []byte("vnet_hdr = false\n")...), 0o644); err != nil {
 		return nil, err
 	}
 	l, err := testenv.ConnectLibvirt()
@@ -156,11 +156,11 @@ func buildIperfImage(ctx context.Context, e *env) (string, error) {
 		return "", err
 	}
 	for _, lib := range libs {
-		real, err := filepath.EvalSymlinks(lib)
+		resolved, err := filepath.EvalSymlinks(lib)
 		if err != nil {
 			return "", err
 		}
-		entries = append(entries, cpioEntry{name: lib, mode: 0o755, source: real})
+		entries = append(entries, cpioEntry{name: lib, mode: 0o755, source: resolved})
 	}
 	var buf bytes.Buffer
 	buf.Write(base)
@@ -349,7 +349,7 @@ func measureGuest(ctx context.Context, con *consoleBuf, shell io.Writer, addr st
 	if m := featuresRE.FindStringSubmatch(out); m != nil {
 		features = m[1]
 	}
-	if _, err := io.WriteString(shell, "\niperf3 -s -D\n"); err != nil {
+	if _, err = io.WriteString(shell, "\niperf3 -s -D\n"); err != nil {
 		return fmt.Errorf("write to the guest's console: %w", err)
 	}
 	rx, err := iperf(ctx, addr, secs, false)
@@ -402,7 +402,8 @@ func iperf(ctx context.Context, addr string, secs int, reverse bool) (float64, e
 // shimNetRun boots the iperf guest with ctr in a pod-like netns (made by
 // setup) through the shim with the given config, measures, and removes it. With capture, it
 // returns the bridge variant's template made from the shim's domain XML.
-func shimNetRun(ctx context.Context, d *daemon, e *env, ref, cfg string, i int, v *netVariant, setup func(context.Context) error, capture bool, l *libvirt.Libvirt) (tmpl string, retErr error) {
+func shimNetRun(ctx context.Context, d *daemon, e *env, ref, cfg string, i int, v *netVariant, setup func(context.Context) error,
+	capture bool, l *libvirt.Libvirt) (tmpl string, retErr error) {
 	if err := setup(ctx); err != nil {
 		return "", err
 	}
@@ -416,25 +417,25 @@ func shimNetRun(ctx context.Context, d *daemon, e *env, ref, cfg string, i int, 
 	if err != nil {
 		return "", err
 	}
-	if err := cmd.Start(); err != nil {
-		return "", err
+	if startErr := cmd.Start(); startErr != nil {
+		return "", startErr
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	defer func() {
 		d.Ctr(ctx, testenv.NamespaceDefault, "task", "kill", "-s", "KILL", id)
 		select {
-		case <-exited:
+		case <-exited: //nolint:errcheck // the exit status of a container killed here
 		case <-time.After(goneTimeout):
 			_ = cmd.Process.Kill()
-			<-exited
+			<-exited //nolint:errcheck // the exit status of a process killed here
 			retErr = errors.Join(retErr, fmt.Errorf("ctr run %s did not exit after SIGKILL", id))
 		}
 		stdin.Close()
 		retErr = errors.Join(retErr, waitGone(ctx, d))
 	}()
 	if capture {
-		if _, err := con.waitFor(ctx, readyLine, 3*bootTimeout); err != nil {
+		if _, err = con.waitFor(ctx, readyLine, 3*bootTimeout); err != nil {
 			return "", err
 		}
 		if tmpl, err = bridgeTemplate(l, d, e); err != nil {
@@ -457,7 +458,7 @@ func bridgeTemplate(l *libvirt.Libvirt, d *daemon, e *env) (string, error) {
 		return "", errors.New("no console log in the shim's domain XML")
 	}
 	files := filepath.Join(e.rawDir, "net-files")
-	if err := copyVMFiles(m[1], files); err != nil {
+	if err = copyVMFiles(m[1], files); err != nil {
 		return "", err
 	}
 	x, err := baselineXML(xml, m[1], files, d.ShimStateDir)
@@ -496,7 +497,7 @@ func bridgeNetRun(ctx context.Context, l *libvirt.Libvirt, e *env, tmpl string, 
 		_ = l.DomainDestroy(dom)
 		retErr = errors.Join(retErr, l.DomainUndefine(dom))
 	}()
-	if err := l.DomainCreate(dom); err != nil {
+	if err = l.DomainCreate(dom); err != nil {
 		return fmt.Errorf("create: %w", err)
 	}
 	conn, err := net.DialTimeout("unix", filepath.Join(runDir, "console.sock"), 5*time.Second)

@@ -63,9 +63,10 @@ func settingsOf(c *config) settings {
 	return settings{
 		Flavours: c.flavours, Sections: c.sections, Runs: c.runs, Warmup: c.warmup,
 		MemoryPods: c.memoryPods, DensityPods: c.densityPods, VCPUs: c.vcpus, MemoryMiB: c.memoryMiB,
-		Image:       "localhost/kvm-guest/kernel:latest (direct kernel boot, busybox initramfs)",
-		ConfigDrive: "enabled in both paths: the shim builds a vfat config drive per create (its default); the baseline attaches a copy of the same file",
-		ShimConfig:  shimConfig("<work>/bin", "<daemon dir>", c),
+		Image: "localhost/kvm-guest/kernel:latest (direct kernel boot, busybox initramfs)",
+		ConfigDrive: "enabled in both paths: the shim builds a vfat config drive per create (its default); the baseline attaches a copy of the " +
+			"same file",
+		ShimConfig: shimConfig("<work>/bin", "<daemon dir>", c),
 	}
 }
 
@@ -124,17 +125,23 @@ func (r *results) build() {
 	r.Derived, r.Rows, r.Notes = map[string]any{}, nil, nil
 	r.Notes = append(r.Notes,
 		"Acceleration: TCG (software emulation) for every guest. "+r.Machine.AccelWhy+". No KVM figure is estimated.",
-		fmt.Sprintf("Guests: %d vCPU, %d MiB, %s (bench-net: %s); kernel command line %s.", r.Settings.VCPUs, r.Settings.MemoryMiB, r.Settings.Image, iperfImage, r.Machine.GuestCmdline))
+		fmt.Sprintf("Guests: %d vCPU, %d MiB, %s (bench-net: %s); kernel command line %s.", r.Settings.VCPUs, r.Settings.MemoryMiB,
+			r.Settings.Image, iperfImage, r.Machine.GuestCmdline))
 	if d := r.Disturbance; d != nil && d.Samples > 0 {
-		r.Notes = append(r.Notes, fmt.Sprintf("Other users of the host during the measurements (sampled every second): QEMU processes not started by this run in %d of %d samples (at most %d at once); highest 1-minute load %.2f on %d cores, this run's own VMs included.",
-			d.SamplesWithOther, d.Samples, d.MaxOtherQEMU, d.MaxLoad1, r.Machine.Cores))
+		r.Notes = append(r.Notes,
+			fmt.Sprintf("Other users of the host during the measurements (sampled every second): QEMU processes not started by this run in %d of "+
+				"%d samples (at most %d at once); highest 1-minute load %.2f on %d cores, this run's own VMs included.",
+				d.SamplesWithOther, d.Samples, d.MaxOtherQEMU, d.MaxLoad1, r.Machine.Cores))
 		if d.SamplesWithOther > 0 {
-			r.add("-", "host shared during the run", fmt.Sprintf("other users' QEMU in %d of %d one-second samples (at most %d at once), load up to %.1f: timings may be disturbed",
-				d.SamplesWithOther, d.Samples, d.MaxOtherQEMU, d.MaxLoad1), "quiet host", "NOT MET")
+			r.add("-", "host shared during the run",
+				fmt.Sprintf("other users' QEMU in %d of %d one-second samples (at most %d at once), load up to %.1f: timings may be disturbed",
+					d.SamplesWithOther, d.Samples, d.MaxOtherQEMU, d.MaxLoad1), "quiet host", "NOT MET")
 		}
 	}
 	if r.Machine.OtherQEMU > 0 {
-		r.Notes = append(r.Notes, fmt.Sprintf("%d QEMU process(es) of other users were running when the run started (load %s): figures may be disturbed.", r.Machine.OtherQEMU, r.Machine.LoadAtStart))
+		r.Notes = append(r.Notes,
+			fmt.Sprintf("%d QEMU process(es) of other users were running when the run started (load %s): figures may be disturbed.",
+				r.Machine.OtherQEMU, r.Machine.LoadAtStart))
 	}
 	for _, f := range r.Failed {
 		r.add("-", "section failed", f, "", "FAILED")
@@ -149,7 +156,9 @@ func (r *results) build() {
 	r.buildEvents()
 	r.buildMicro()
 	r.add("-", "KVM start latency and boot time", "cannot run here: "+r.Machine.AccelWhy, "", "not measured")
-	r.add("-", "vhost-net throughput", "cannot run here: the shim hands QEMU vhost-net descriptors only for KVM domains, and this host has no /dev/vhost-net", "", "not measured")
+	r.add("-", "vhost-net throughput",
+		"cannot run here: the shim hands QEMU vhost-net descriptors only for KVM domains, "+
+			"and this host has no /dev/vhost-net", "", "not measured")
 	if r.Net == nil {
 		r.add("-", "network throughput (bench-net)", "not in this run: -sections net", "", "not measured")
 	}
@@ -171,10 +180,13 @@ func (r *results) buildLatency() {
 	}
 	rawS := summarize(raw.StartMs)
 	r.Notes = append(r.Notes,
-		"Start latency: the baseline defines and creates, with go-libvirt on one open connection, the inactive domain XML the shim itself defined for a `ctr run` VM (renamed, new uuid, fresh console paths, <metadata> removed, kernel/initrd/config drive copied). "+
-			"`ctr run -d` is timed from exec until containerd's task API reports RUNNING (ctr exits after task start); CRI from RunPodSandbox until ContainerStatus RUNNING (includes CNI and the pod's TAP). "+
+		"Start latency: the baseline defines and creates, with go-libvirt on one open connection, the inactive domain XML the shim itself "+
+			"defined for a `ctr run` VM (renamed, new uuid, fresh console paths, <metadata> removed, kernel/initrd/config drive copied). "+
+			"`ctr run -d` is timed from exec until containerd's task API reports RUNNING (ctr exits after task start); CRI from RunPodSandbox "+
+			"until ContainerStatus RUNNING (includes CNI and the pod's TAP). "+
 			"Paths run interleaved, one of each per iteration, after warm-up runs; every VM is destroyed and checked gone before the next.",
-		"Time to userspace: from the same start, polling (10 ms) the console log virtlogd writes for the VM: the guest's first non-blank line (the kernel's first message on ttyS0) and KVM-GUEST-READY (its /init is running).")
+		"Time to userspace: from the same start, polling (10 ms) the console log virtlogd writes for the VM: the guest's first non-blank line "+
+			"(the kernel's first message on ttyS0) and KVM-GUEST-READY (its /init is running).")
 	for _, p := range lat.Paths {
 		s := summarize(p.StartMs)
 		sec := "1 start (TCG)"
@@ -226,8 +238,9 @@ func (r *results) buildLatency() {
 		for _, name := range startPartNames {
 			parts = append(parts, fmt.Sprintf("%s %s", name, fmtMs(summarize(p.PartsMs[name]).Median)))
 		}
-		r.Notes = append(r.Notes, fmt.Sprintf("Where the start time of %s goes, from t0 to RUNNING, by the shim's log lines (median ms over %d runs): %s.",
-			p.Label, len(p.PartsMs[partCreate]), strings.Join(parts, ", ")))
+		r.Notes = append(r.Notes,
+			fmt.Sprintf("Where the start time of %s goes, from t0 to RUNNING, by the shim's log lines (median ms over %d runs): %s.",
+				p.Label, len(p.PartsMs[partCreate]), strings.Join(parts, ", ")))
 	}
 }
 
@@ -255,7 +268,12 @@ func (r *results) buildMemory() {
 	if len(r.Memory) == 0 {
 		return
 	}
-	r.Notes = append(r.Notes, "Shim memory: PSS and RSS from /proc/<pid>/smaps_rollup of every containerd-shim-* process started with this containerd's -address, summed and divided by the pods, after every guest printed KVM-GUEST-READY and 3 s idle. One shim process per pod on both sides (ours serves the sandbox and the VM container; runc's serves the pause sandbox). PSS shares the shim binary's pages among its processes, so it falls with more pods. Anchors from other projects (not measured here): Kata's Go shim about 18 MB PSS per pod; Kuasar's sandboxer about 15 MB for 50 pods.")
+	r.Notes = append(r.Notes,
+		"Shim memory: PSS and RSS from /proc/<pid>/smaps_rollup of every containerd-shim-* process started with this containerd's -address, "+
+			"summed and divided by the pods, after every guest printed KVM-GUEST-READY and 3 s idle. One shim process per pod on both sides (ours "+
+			"serves the sandbox and the VM container; runc's serves the pause sandbox). PSS shares the shim binary's pages among its processes, "+
+			"so it falls with more pods. Anchors from other projects (not measured here): Kata's Go shim about 18 MB PSS per pod; Kuasar's "+
+			"sandboxer about 15 MB for 50 pods.")
 	find := func(flavour, rt string, n int) *memoryResult {
 		for i := range r.Memory {
 			m := &r.Memory[i]
@@ -288,7 +306,19 @@ func (r *results) buildDensity() {
 	if len(r.Density) == 0 {
 		return
 	}
-	r.Notes = append(r.Notes, "Density: N pods started at once, one goroutine each, through CRI; per pod from its RunPodSandbox until ContainerStatus RUNNING (CreateContainer and StartContainer in between), polled every 20 ms. Under TCG the guests that are already booting compete for the 2 cores with the pods still starting. Growth = median per-pod time at the largest N / at 1 pod. Control-plane CPU: user+system time (from /proc/<pid>/stat, 10 ms ticks) that containerd (with the children it reaped: `shim start` runs, CNI plugins), every shim serving it (with its reaped children: mkfs.vfat and mcopy for ours, runc for runc's), libvirtd (with its reaped helpers) and virtlogd used from the start of the round until the last pod was RUNNING, divided by the pods; QEMU's own time, which runs the guests, is not counted. Its growth is what the control plane costs per pod as pods come together, without the guests' boot competing for the cores. A pod count below 10 runs in rounds until 10 pods have started (1 pod: 10 rounds, one after the other): its per-pod times are every pod of every round, its CPU per pod and wall time the means over the rounds, since one lone pod's CPU is only a few 10 ms ticks per process. The same rounds then run with runc pods (a pause container in each, RunPodSandbox to RUNNING the same way) as the reference: what containerd, CNI and this 2-core host cost per pod for any runtime. After each round every pod is removed and the round checks that no domain, shim process, mount or pod IP is left.")
+	r.Notes = append(r.Notes,
+		"Density: N pods started at once, one goroutine each, through CRI; per pod from its RunPodSandbox until ContainerStatus RUNNING "+
+			"(CreateContainer and StartContainer in between), polled every 20 ms. Under TCG the guests that are already booting compete for the 2 "+
+			"cores with the pods still starting. Growth = median per-pod time at the largest N / at 1 pod. Control-plane CPU: user+system time "+
+			"(from /proc/<pid>/stat, 10 ms ticks) that containerd (with the children it reaped: `shim start` runs, CNI plugins), every shim "+
+			"serving it (with its reaped children: mkfs.vfat and mcopy for ours, runc for runc's), libvirtd (with its reaped helpers) and "+
+			"virtlogd used from the start of the round until the last pod was RUNNING, divided by the pods; QEMU's own time, which runs the "+
+			"guests, is not counted. Its growth is what the control plane costs per pod as pods come together, without the guests' boot competing "+
+			"for the cores. A pod count below 10 runs in rounds until 10 pods have started (1 pod: 10 rounds, one after the other): its per-pod "+
+			"times are every pod of every round, its CPU per pod and wall time the means over the rounds, since one lone pod's CPU is only a few "+
+			"10 ms ticks per process. The same rounds then run with runc pods (a pause container in each, RunPodSandbox to RUNNING the same way) "+
+			"as the reference: what containerd, CNI and this 2-core host cost per pod for any runtime. After each round every pod is removed and "+
+			"the round checks that no domain, shim process, mount or pod IP is left.")
 	type group struct{ flavour, runtime string }
 	byGroup := map[group][]densityResult{}
 	var groups []group
@@ -392,7 +422,9 @@ func (r *results) buildMicro() {
 	if m == nil {
 		return
 	}
-	r.Notes = append(r.Notes, "Micro: `"+m.Command+"`; medians over the -count runs; the raw output (benchstat input) is in the JSON and the -micro.txt file. vm.Render is benchmarked from bench/micro because vm/ has no benchmark of its own.")
+	r.Notes = append(r.Notes, "Micro: `"+m.Command+
+		"`; medians over the -count runs; the raw output (benchstat input) is in the JSON and the -micro.txt file. vm.Render is benchmarked "+
+		"from bench/micro because vm/ has no benchmark of its own.")
 	for _, b := range m.Benchmarks {
 		pkg := b.Package[strings.LastIndex(b.Package, "/")+1:]
 		value := fmtNs(b.Median["ns/op"]) + "/op"
@@ -418,11 +450,13 @@ func fmtNs(v float64) string {
 func (r *results) header() []string {
 	m := r.Machine
 	h := []string{
-		fmt.Sprintf("machine: %s, %d cores, %d MiB (NUMA node0 %d MiB of %d node(s)), kernel %s", m.CPU, m.Cores, m.MemoryMiB, m.Node0MiB, m.NUMANodes, m.Kernel),
+		fmt.Sprintf("machine: %s, %d cores, %d MiB (NUMA node0 %d MiB of %d node(s)), kernel %s", m.CPU, m.Cores, m.MemoryMiB, m.Node0MiB,
+			m.NUMANodes, m.Kernel),
 		"accel: TCG for every guest (" + m.AccelWhy + ")",
 	}
 	if len(m.Containerd) > 0 {
-		h = append(h, fmt.Sprintf("containerd %s; libvirt %s; %s; runc shim: %s", strings.Join(m.Containerd, ", "), m.Libvirt, m.QEMU, m.RuncShim))
+		h = append(h,
+			fmt.Sprintf("containerd %s; libvirt %s; %s; runc shim: %s", strings.Join(m.Containerd, ", "), m.Libvirt, m.QEMU, m.RuncShim))
 	}
 	return append(h, fmt.Sprintf("shim %s; guests %d vCPU %d MiB; %s", m.Shim, r.Settings.VCPUs, r.Settings.MemoryMiB, r.Command))
 }
@@ -515,8 +549,10 @@ func mdEscape(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
 // write stores <UTC timestamp>-<tag>.json and .md (and -micro.txt) in
 // dir, and copies the Markdown to latest<kind>.md: latest.md for runs with
 // the main sections, latest-net.md for bench-net alone, latest-exec.md for
-// the exec section alone, latest-volumes.md for the volumes section alone, latest-events.md for the events section alone, latest-micro.md for the micro-benchmarks alone,
-// so that a partial run does not replace the full one.
+// the exec section alone, latest-volumes.md for the volumes section alone,
+// latest-events.md for the events section alone, latest-micro.md for the
+// micro-benchmarks alone, so that a partial run does not replace the full
+// one.
 func (r *results) write(dir string) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -563,9 +599,16 @@ func (r *results) buildNet() {
 	if n == nil {
 		return
 	}
-	r.Notes = append(r.Notes, fmt.Sprintf("bench-net: TCP throughput with iperf3 between the guest (server, started from its console shell) and the host (client), %d s per direction with the first second omitted, same guest (localhost/kvm-guest/iperf:latest: the test guest plus the host's iperf3 in a second initramfs archive) and the same shim-rendered domain XML. "+
-		"(a) and (b): `ctr run` in a netns whose only interface is eth0 of a veth pair (host end %s), so the shim wires its TAP to eth0 with tc; (d): the same with the pod shaped as Calico shapes it (/32, on-link route to 169.254.1.1, default route via it, proxy ARP and a /32 route on the host end), the bridge shape being (a); (c): the shim's inactive XML of an (a) VM, renamed, ip= pointed at a host bridge, plus <interface type='bridge'> (a TAP libvirt creates on the bridge), defined with go-libvirt. "+
-		"Ratios are per iteration (the variants run interleaved), given as the median and the range over the runs. Under TCG the guest's single emulated vCPU is the bottleneck, so absolute numbers are low.", n.Seconds, podGateway))
+	r.Notes = append(r.Notes,
+		fmt.Sprintf("bench-net: TCP throughput with iperf3 between the guest (server, started from its console shell) and the host (client), "+
+			"%d s per direction with the first second omitted, same guest (localhost/kvm-guest/iperf:latest: the test guest plus the host's "+
+			"iperf3 in a second initramfs archive) and the same shim-rendered domain XML. "+
+			"(a) and (b): `ctr run` in a netns whose only interface is eth0 of a veth pair (host end %s), so the shim wires its TAP to eth0 with "+
+			"tc; (d): the same with the pod shaped as Calico shapes it (/32, on-link route to 169.254.1.1, default route via it, proxy ARP and a "+
+			"/32 route on the host end), the bridge shape being (a); (c): the shim's inactive XML of an (a) VM, renamed, ip= pointed at a host "+
+			"bridge, plus <interface type='bridge'> (a TAP libvirt creates on the bridge), defined with go-libvirt. "+
+			"Ratios are per iteration (the variants run interleaved), given as the median and the range over the runs. Under TCG the guest's "+
+			"single emulated vCPU is the bottleneck, so absolute numbers are low.", n.Seconds, podGateway))
 	var a, b, c, cal *netVariant
 	for _, v := range n.Variants {
 		switch v.Key {
@@ -652,7 +695,7 @@ func rerender(path string) error {
 		return err
 	}
 	var r results
-	if err := json.Unmarshal(b, &r); err != nil {
+	if err = json.Unmarshal(b, &r); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	r.build()

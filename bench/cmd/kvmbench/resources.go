@@ -111,7 +111,8 @@ func runResources(ctx context.Context, e *env) (*resourcesResults, error) {
 
 // vmPod runs a pod in its own cgroup parent with one VM container and
 // waits for the guest to be up; stop removes the pod and the parent.
-func vmPod(ctx context.Context, d *daemon, cl *testenv.CRI, h cgroup.Hierarchies, name string, o testenv.ContainerOptions) (cid, logPath string, g *cgroup.Group, stop func() error, err error) {
+func vmPod(ctx context.Context, d *daemon, cl *testenv.CRI, h cgroup.Hierarchies, name string,
+	o testenv.ContainerOptions) (cid, logPath string, g *cgroup.Group, stop func() error, err error) {
 	parent := fmt.Sprintf("/kvmbench/pod-%s-%d", name, time.Now().UnixNano())
 	p, err := cl.RunPod(ctx, testenv.PodOptions{Name: name, Namespace: "kvmbench", Handler: "kvm", CgroupParent: parent})
 	if err != nil {
@@ -122,7 +123,7 @@ func vmPod(ctx context.Context, d *daemon, cl *testenv.CRI, h cgroup.Hierarchies
 		if left := d.WaitNothingLeft(ctx, goneTimeout); len(left) > 0 {
 			errs = append(errs, fmt.Errorf("left behind: %s", strings.Join(left, "; ")))
 		}
-		if pg, err := h.Group(parent); err == nil {
+		if pg, groupErr := h.Group(parent); groupErr == nil {
 			errs = append(errs, pg.Remove())
 		}
 		return errors.Join(errs...)
@@ -134,8 +135,8 @@ func vmPod(ctx context.Context, d *daemon, cl *testenv.CRI, h cgroup.Hierarchies
 	if cid, err = cl.CreateContainer(ctx, p, o); err != nil {
 		return fail(err)
 	}
-	if err := cl.StartContainer(ctx, cid); err != nil {
-		return fail(err)
+	if startContainerErr := cl.StartContainer(ctx, cid); startContainerErr != nil {
+		return fail(startContainerErr)
 	}
 	if g, err = h.Group(parent + "/" + cid); err != nil {
 		return fail(err)
@@ -183,7 +184,8 @@ func measureOverhead(ctx context.Context, d *daemon, h cgroup.Hierarchies, memMi
 	defer cl.Close()
 	_, logPath, g, stop, err := vmPod(ctx, d, cl, h, fmt.Sprintf("overhead-%d", memMiB), testenv.ContainerOptions{
 		MemoryLimit: int64(memMiB) << 20,
-		Annotations: map[string]string{"kvm.containerd.io/vcpus": strconv.Itoa(vcpus), "kvm.containerd.io/kernel-cmdline": "console=ttyS0 quiet kvmguest.fill"},
+		Annotations: map[string]string{"kvm.containerd.io/vcpus": strconv.Itoa(vcpus),
+			"kvm.containerd.io/kernel-cmdline": "console=ttyS0 quiet kvmguest.fill"},
 	})
 	if err != nil {
 		return res, err
@@ -301,7 +303,8 @@ func measureResize(ctx context.Context, d *daemon, h cgroup.Hierarchies, runs in
 		if cid == "" { // a fresh 1-vCPU VM
 			var err error
 			if cid, logPath, _, stop, err = vmPod(ctx, d, cl, h, fmt.Sprintf("resize-%d", i), testenv.ContainerOptions{
-				MemoryLimit: memLimit, CPUs: 1, Annotations: map[string]string{"kvm.containerd.io/max-vcpus": "2", "kvm.containerd.io/max-memory-mib": "512"},
+				MemoryLimit: memLimit, CPUs: 1, Annotations: map[string]string{"kvm.containerd.io/max-vcpus": "2",
+					"kvm.containerd.io/max-memory-mib": "512"},
 			}); err != nil {
 				return res, err
 			}
@@ -395,18 +398,22 @@ func (r *results) buildResources() {
 	}
 	x.derive()
 	for _, o := range x.Overhead {
-		r.add("resources", fmt.Sprintf("memory above guest RAM, %d MiB / %d vCPU VM, all guest RAM touched (%s, TCG)", o.MemoryMiB, o.VCPUs, o.Flavour),
-			fmt.Sprintf("pod cgroup peak %.0f MiB = guest RAM touched %.0f + %.1f MiB; QEMU RSS %.0f MiB (guest RAM %.0f + QEMU's own %.1f), PSS %.0f MiB",
+		r.add("resources",
+			fmt.Sprintf("memory above guest RAM, %d MiB / %d vCPU VM, all guest RAM touched (%s, TCG)", o.MemoryMiB, o.VCPUs, o.Flavour),
+			fmt.Sprintf("pod cgroup peak %.0f MiB = guest RAM touched %.0f + %.1f MiB; QEMU RSS %.0f MiB (guest RAM %.0f + QEMU's own %.1f), PSS "+
+				"%.0f MiB",
 				o.CgroupPeakMiB, o.GuestRAMRSSMiB, o.PodOverheadMiB, o.QEMURSSMiB, o.GuestRAMRSSMiB, o.QEMUOverheadMiB, o.QEMUPSSMiB), "", "measured")
 	}
 	if len(x.Overhead) > 0 {
-		r.add("resources", "RuntimeClass overhead.podFixed memory (largest overhead + 25%, to 16 MiB)", fmt.Sprintf("%d Mi", x.PodFixedMiB), "", "derived")
+		r.add("resources", "RuntimeClass overhead.podFixed memory (largest overhead + 25%, to 16 MiB)", fmt.Sprintf("%d Mi", x.PodFixedMiB), "",
+			"derived")
 	}
 	for _, z := range x.Resize {
 		r.add("resources", fmt.Sprintf("UpdateContainerResources to the guest seeing its CPUs (%s, TCG)", z.Flavour),
 			"1 -> 2 vCPUs: "+msRange(z.Grow), "", "measured")
 		if z.Shrink.N > 0 {
-			r.add("resources", fmt.Sprintf("UpdateContainerResources to the guest taking a vCPU offline and online again, guest agent (%s, TCG)", z.Flavour),
+			r.add("resources",
+				fmt.Sprintf("UpdateContainerResources to the guest taking a vCPU offline and online again, guest agent (%s, TCG)", z.Flavour),
 				"2 -> 1 vCPUs: "+msRange(z.Shrink)+"; 1 -> 2 vCPUs: "+msRange(z.Online), "", "measured")
 		}
 		if z.MemoryGrow.N > 0 {

@@ -40,7 +40,7 @@ func startParts(logPath string, offset int64, t0, running time.Time) (map[string
 		return nil, err
 	}
 	defer f.Close()
-	if _, err := f.Seek(offset, io.SeekStart); err != nil {
+	if _, err = f.Seek(offset, io.SeekStart); err != nil {
 		return nil, err
 	}
 	b, err := io.ReadAll(f)

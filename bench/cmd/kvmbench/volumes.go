@@ -169,7 +169,8 @@ func (x *volumesResults) iobenchArg(target string) string {
 
 func runVolumes(ctx context.Context, e *env) (_ *volumesResults, retErr error) {
 	d := e.daemons[0]
-	res := &volumesResults{Flavour: d.name(), MiB: e.cfg.volumeMiB, Ops: e.cfg.volumeOps, VMs: e.cfg.volumeVMs, InnerRuns: volumeInnerRuns, Loop: e.cfg.volumeLoop}
+	res := &volumesResults{Flavour: d.name(), MiB: e.cfg.volumeMiB, Ops: e.cfg.volumeOps, VMs: e.cfg.volumeVMs, InnerRuns: volumeInnerRuns,
+		Loop: e.cfg.volumeLoop}
 	h, err := cgroup.Detect()
 	if err != nil {
 		return nil, err
@@ -181,18 +182,18 @@ func runVolumes(ctx context.Context, e *env) (_ *volumesResults, retErr error) {
 		return nil, err
 	}
 	defer func() { retErr = errors.Join(retErr, os.RemoveAll(dir)) }()
-	if err := os.Chmod(dir, 0o755); err != nil {
+	if err = os.Chmod(dir, 0o755); err != nil {
 		return nil, err
 	}
 	span := int64(res.MiB) << 20
 	blockFile, share := filepath.Join(dir, "block"), filepath.Join(dir, "share")
-	if err := os.Mkdir(share, 0o755); err != nil {
+	if err = os.Mkdir(share, 0o755); err != nil {
 		return nil, err
 	}
 	// Written in full, so that no variant pays for allocating blocks.
 	for _, f := range []string{blockFile, filepath.Join(share, "kvm-guest-iobench.dat")} {
-		if err := writeFilled(f, span); err != nil {
-			return nil, err
+		if writeFilledErr := writeFilled(f, span); writeFilledErr != nil {
+			return nil, writeFilledErr
 		}
 	}
 	// Direct I/O by default: a PVC's block device has no host page cache
@@ -301,7 +302,8 @@ func writeFilled(path string, size int64) error {
 // volumePodRun runs a VM pod with the volumes in o whose guest runs the
 // storage benchmark, waits for its figures and removes the pod. With
 // capture, it also returns what a raw domain needs to boot the same guest.
-func volumePodRun(ctx context.Context, d *daemon, e *env, h cgroup.Hierarchies, l *libvirt.Libvirt, name string, i int, iobench string, o testenv.ContainerOptions, capture bool) (out string, cpu float64, raw *rawVolumeVM, retErr error) {
+func volumePodRun(ctx context.Context, d *daemon, e *env, h cgroup.Hierarchies, l *libvirt.Libvirt, name string, i int, iobench string,
+	o testenv.ContainerOptions, capture bool) (out string, cpu float64, raw *rawVolumeVM, retErr error) {
 	cl, err := d.DialCRI()
 	if err != nil {
 		return "", 0, nil, err
@@ -367,9 +369,11 @@ func waitIO(ctx context.Context, locate func() string, g *cgroup.Group) (string,
 // loopNote says what the loop device's I/O mode means for the figures.
 func loopNote(mode string) string {
 	if mode == "buffered" {
-		return "The loop device is buffered (-volume-loop buffered): the figures are the virtualization path's over the host page cache, which is charged to the cgroup of the writer (the pod's memory-limited one for (a), (b)'s unlimited one), not the host disk's."
+		return "The loop device is buffered (-volume-loop buffered): the figures are the virtualization path's over the host page cache, which " +
+			"is charged to the cgroup of the writer (the pod's memory-limited one for (a), (b)'s unlimited one), not the host disk's."
 	}
-	return "The loop device does direct I/O to its file (losetup --direct-io=on; -volume-loop direct, the default), as a real block device has no host page cache between QEMU's cache=none and the disk: the figures are the host disk's through each path."
+	return "The loop device does direct I/O to its file (losetup --direct-io=on; -volume-loop direct, the default), as a real block device " +
+		"has no host page cache between QEMU's cache=none and the disk: the figures are the host disk's through each path."
 }
 
 // buildVolumes adds the volume rows: each variant's figures, a/b with
@@ -379,11 +383,27 @@ func (r *results) buildVolumes() {
 	if x == nil {
 		return
 	}
-	r.Notes = append(r.Notes, fmt.Sprintf("Volumes: measured in the guest by hack/guest/iobench (a static Go program in the test initramfs, started by /init from kvm-guest.iobench= on the kernel command line): per run, %d MiB written then read in 1 MiB blocks, then %d random 4 KiB writes and %d random 4 KiB reads at aligned offsets in those %d MiB (the same offsets on every target), O_DIRECT where the target takes it (mode direct; else through the guest's page cache with the caches dropped before reads: mode cached), writes ended by fdatasync and timed with it. "+
-		"%d VMs per variant, run interleaved (one VM of each per round, in the order a, b, c in even rounds and c, b, a in odd ones), %d runs each; a variant's medians and ranges are over all its runs, a ratio is taken per round (the median of one variant's runs in that round over the other's) and given as the median and range over the rounds. The loop device's file and the shared directory are on the host's disk file system (/var/tmp), written in full before the first run. "+
-		"(a) and (c): CRI pods on containerd %s (kernel command line by the kvm.containerd.io/kernel-cmdline annotation); (b): a domain written by hand with go-libvirt: the (a) VM's kernel, initrd, memory and vCPUs, one <disk type='block'> with cache=none io=native on the same loop device, a serial console into a file, nothing else; its QEMU joins a cgroup of its own beside the pods' before it runs (libvirt here manages no cpu controller: in the root cpu cgroup each QEMU thread would weigh as much as a whole pod's group when other users load the cores). "+
-		"Every guest boots with kvm-guest.agent=off (no QEMU guest agent: (b) has no channel for it), so the same guest processes share the one emulated vCPU with the benchmark. %s Under TCG the guest's emulated CPU bounds every figure. QEMU CPU: the CPU time of the VM's QEMU cgroup (the pod container's for (a) and (c), virtiofsd included in (c); (b)'s own) from the guest's start line to its done line, read by the 100 ms poll of the console: the host cost of the same runs, which other users of the cores change far less than the throughput.",
-		x.MiB, x.Ops, x.Ops, x.MiB, x.VMs, x.InnerRuns, x.Flavour, loopNote(x.Loop)))
+	r.Notes = append(r.Notes,
+		fmt.Sprintf("Volumes: measured in the guest by hack/guest/iobench (a static Go program in the test initramfs, started by /init from "+
+			"kvm-guest.iobench= on the kernel command line): per run, %d MiB written then read in 1 MiB blocks, then %d random 4 KiB writes and "+
+			"%d random 4 KiB reads at aligned offsets in those %d MiB (the same offsets on every target), O_DIRECT where the target takes it "+
+			"(mode direct; else through the guest's page cache with the caches dropped before reads: mode cached), writes ended by fdatasync and "+
+			"timed with it. "+
+			"%d VMs per variant, run interleaved (one VM of each per round, in the order a, b, c in even rounds and c, b, a in odd ones), %d runs "+
+			"each; a variant's medians and ranges are over all its runs, a ratio is taken per round (the median of one variant's runs in that "+
+			"round over the other's) and given as the median and range over the rounds. The loop device's file and the shared directory are on "+
+			"the host's disk file system (/var/tmp), written in full before the first run. "+
+			"(a) and (c): CRI pods on containerd %s (kernel command line by the kvm.containerd.io/kernel-cmdline annotation); (b): a domain "+
+			"written by hand with go-libvirt: the (a) VM's kernel, initrd, memory and vCPUs, one <disk type='block'> with cache=none io=native on "+
+			"the same loop device, a serial console into a file, nothing else; its QEMU joins a cgroup of its own beside the pods' before it runs "+
+			"(libvirt here manages no cpu controller: in the root cpu cgroup each QEMU thread would weigh as much as a whole pod's group when "+
+			"other users load the cores). "+
+			"Every guest boots with kvm-guest.agent=off (no QEMU guest agent: (b) has no channel for it), so the same guest processes share the "+
+			"one emulated vCPU with the benchmark. %s Under TCG the guest's emulated CPU bounds every figure. QEMU CPU: the CPU time of the VM's "+
+			"QEMU cgroup (the pod container's for (a) and (c), virtiofsd included in (c); (b)'s own) from the guest's start line to its done "+
+			"line, read by the 100 ms poll of the console: the host cost of the same runs, which other users of the cores change far less than "+
+			"the throughput.",
+			x.MiB, x.Ops, x.Ops, x.MiB, x.VMs, x.InnerRuns, x.Flavour, loopNote(x.Loop)))
 	byKey := map[string]*ioVariant{}
 	for _, v := range x.Variants {
 		byKey[v.Key] = v
@@ -391,8 +411,11 @@ func (r *results) buildVolumes() {
 		if len(v.Failures) > 0 {
 			status = fmt.Sprintf("%d failed", len(v.Failures))
 		}
-		r.add("volumes (TCG)", v.Label, fmt.Sprintf("seq write %s MiB/s, seq read %s MiB/s; 4 KiB random write %s IOPS, random read %s IOPS; I/O %s; QEMU CPU for a VM's runs %s s",
-			spread(v.SeqWriteMiBs), spread(v.SeqReadMiBs), spread(v.RandWriteIOPS), spread(v.RandReadIOPS), v.Mode, spread(v.CPUSeconds)), "", status)
+		r.add("volumes (TCG)", v.Label,
+			fmt.Sprintf("seq write %s MiB/s, seq read %s MiB/s; 4 KiB random write %s IOPS, random read %s IOPS; "+
+				"I/O %s; QEMU CPU for a VM's runs %s s",
+				spread(v.SeqWriteMiBs), spread(v.SeqReadMiBs), spread(v.RandWriteIOPS), spread(v.RandReadIOPS),
+				v.Mode, spread(v.CPUSeconds)), "", status)
 	}
 	ratio := func(name string, x, y *ioVariant, target float64) {
 		if x == nil || y == nil {
@@ -429,7 +452,9 @@ func (r *results) buildVolumes() {
 		if qs := roundRatios(a.CPUSeconds, a.CPURounds, b.CPUSeconds, b.CPURounds); len(qs) > 0 {
 			q := summarize(qs)
 			r.Derived["volumes_cpu_ratio_a_b"] = q.Median
-			r.add("volumes (TCG)", "a/b: QEMU CPU seconds for the same runs", fmt.Sprintf("%.2f (%.2f-%.2f) (per round; above 1: the shim's VM costs the host more CPU for the same I/O)", q.Median, q.Min, q.Max), "", "info")
+			r.add("volumes (TCG)", "a/b: QEMU CPU seconds for the same runs",
+				fmt.Sprintf("%.2f (%.2f-%.2f) (per round; above 1: the shim's VM costs the host more CPU for the same I/O)", q.Median, q.Min,
+					q.Max), "", "info")
 		}
 	}
 }

@@ -191,7 +191,8 @@ func (vm *rawVolumeVM) domainXML(name, uuid, dev, consoleLog, cmdline string) ([
 // libvirt leaves the cpu controller alone, so QEMU would otherwise stay in
 // the root cpu cgroup, where each of its threads weighs as much as a whole
 // pod group when other users load the cores.
-func (vm *rawVolumeVM) run(ctx context.Context, l *libvirt.Libvirt, h cgroup.Hierarchies, rawDir string, i int, dev, iobench string) (_ string, _ float64, retErr error) {
+func (vm *rawVolumeVM) run(ctx context.Context, l *libvirt.Libvirt, h cgroup.Hierarchies, rawDir string, i int, dev,
+	iobench string) (_ string, _ float64, retErr error) {
 	name := fmt.Sprintf("kvmbench-vol-%d-%d", os.Getpid(), i)
 	runDir := filepath.Join(rawDir, fmt.Sprintf("volumes-run-%d", i))
 	if err := os.MkdirAll(runDir, 0o755); err != nil {
@@ -211,14 +212,14 @@ func (vm *rawVolumeVM) run(ctx context.Context, l *libvirt.Libvirt, h cgroup.Hie
 		_ = l.DomainDestroy(dom)
 		retErr = errors.Join(retErr, l.DomainUndefine(dom))
 	}()
-	if _, err := l.DomainCreateWithFlags(dom, uint32(libvirt.DomainStartPaused)); err != nil {
+	if _, err = l.DomainCreateWithFlags(dom, uint32(libvirt.DomainStartPaused)); err != nil {
 		return "", 0, fmt.Errorf("create: %w", err)
 	}
 	g, err := h.Group("/kvmbench/" + name)
 	if err != nil {
 		return "", 0, err
 	}
-	if _, err := g.Create(); err != nil {
+	if _, err = g.Create(); err != nil {
 		return "", 0, err
 	}
 	defer func() {

@@ -33,7 +33,8 @@ func TestParseIO(t *testing.T) {
 		t.Errorf("half a log: %d runs, done %v, %v", len(runs), done, err)
 	}
 	for name, bad := range map[string]string{
-		"fail":      "KVM-GUEST-IO start dir:/shared mode=cached mib=16 ops=400 runs=1\r\nKVM-GUEST-IO-FAIL sequential write: no space left on device\r\n",
+		"fail": "KVM-GUEST-IO start dir:/shared mode=cached mib=16 ops=400 runs=1\r\nKVM-GUEST-IO-FAIL sequential write: no space left on " +
+			"device\r\n",
 		"short":     "KVM-GUEST-IO run 1 seqwrite 1 seqread 2\n",
 		"not a num": "KVM-GUEST-IO run 1 seqwrite x seqread 2 randwrite 3 randread 4\n",
 		"zero":      "KVM-GUEST-IO run 1 seqwrite 0 seqread 2 randwrite 3 randread 4\n",
@@ -42,7 +43,8 @@ func TestParseIO(t *testing.T) {
 			t.Errorf("%s: parseIO accepted %q", name, bad)
 		}
 	}
-	if _, _, _, _, err := parseIO("KVM-GUEST-IO-FAIL no disk with serial dev-xvda\n"); err == nil || !strings.Contains(err.Error(), "no disk with serial dev-xvda") {
+	if _, _, _, _, err := parseIO("KVM-GUEST-IO-FAIL no disk with serial dev-xvda\n"); err == nil ||
+		!strings.Contains(err.Error(), "no disk with serial dev-xvda") {
 		t.Errorf("the guest's reason is lost: %v", err)
 	}
 }
@@ -101,11 +103,12 @@ func TestRawVolumeDomain(t *testing.T) {
 	if *vm != want {
 		t.Errorf("parseShimDomain = %+v, want %+v", *vm, want)
 	}
-	if _, err := parseShimDomain(`<domain type='qemu'><memory unit='KiB'>1</memory><vcpu>1</vcpu></domain>`); err == nil {
+	if _, err = parseShimDomain(`<domain type='qemu'><memory unit='KiB'>1</memory><vcpu>1</vcpu></domain>`); err == nil {
 		t.Error("a domain without a kernel was taken")
 	}
 
-	out, err := vm.domainXML("kvmbench-vol-1-0", "6f1c2a4e-8d3b-4e7f-9a0b-1c2d3e4f5a6b", "/dev/loop3", "/run/x/console.log", "console=ttyS0 kvm-guest.iobench=disk:dev-xvda,16,400,3 <&>")
+	out, err := vm.domainXML("kvmbench-vol-1-0", "6f1c2a4e-8d3b-4e7f-9a0b-1c2d3e4f5a6b", "/dev/loop3", "/run/x/console.log",
+		"console=ttyS0 kvm-guest.iobench=disk:dev-xvda,16,400,3 <&>")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +128,7 @@ func TestRawVolumeDomain(t *testing.T) {
 		Memory string `xml:"memory"`
 		VCPU   int    `xml:"vcpu"`
 	}
-	if err := xml.Unmarshal(out, &back); err != nil {
+	if err = xml.Unmarshal(out, &back); err != nil {
 		t.Fatal(err)
 	}
 	if back.Disk.Type != "block" || back.Disk.Driver.Cache != "none" || back.Disk.Driver.IO != "native" ||
@@ -163,11 +166,14 @@ func TestRoundRatios(t *testing.T) {
 
 func TestBuildVolumes(t *testing.T) {
 	r := &results{Volumes: &volumesResults{Flavour: "1.6", MiB: 16, Ops: 400, VMs: 3, InnerRuns: 3, Variants: []*ioVariant{
-		{Key: "a", Label: "(a) shim", Mode: "direct", SeqWriteMiBs: []float64{40, 50, 60}, SeqReadMiBs: []float64{100, 100, 100}, RandWriteIOPS: []float64{900, 900, 900}, RandReadIOPS: []float64{1000, 1000, 1000}, Rounds: []int{0, 0, 1},
+		{Key: "a", Label: "(a) shim", Mode: "direct", SeqWriteMiBs: []float64{40, 50, 60}, SeqReadMiBs: []float64{100, 100, 100},
+			RandWriteIOPS: []float64{900, 900, 900}, RandReadIOPS: []float64{1000, 1000, 1000}, Rounds: []int{0, 0, 1},
 			CPUSeconds: []float64{22, 30}, CPURounds: []int{0, 1}},
-		{Key: "b", Label: "(b) raw", Mode: "direct", SeqWriteMiBs: []float64{50, 50}, SeqReadMiBs: []float64{100, 100}, RandWriteIOPS: []float64{1000, 1000}, RandReadIOPS: []float64{1000, 1000}, Rounds: []int{0, 1},
+		{Key: "b", Label: "(b) raw", Mode: "direct", SeqWriteMiBs: []float64{50, 50}, SeqReadMiBs: []float64{100, 100},
+			RandWriteIOPS: []float64{1000, 1000}, RandReadIOPS: []float64{1000, 1000}, Rounds: []int{0, 1},
 			CPUSeconds: []float64{20, 20}, CPURounds: []int{0, 1}},
-		{Key: "c", Label: "(c) virtiofs", Mode: "cached", SeqWriteMiBs: []float64{25}, SeqReadMiBs: []float64{50}, RandWriteIOPS: []float64{300}, RandReadIOPS: []float64{500}, Rounds: []int{0},
+		{Key: "c", Label: "(c) virtiofs", Mode: "cached", SeqWriteMiBs: []float64{25}, SeqReadMiBs: []float64{50}, RandWriteIOPS: []float64{300},
+			RandReadIOPS: []float64{500}, Rounds: []int{0},
 			Failures: []string{"round 1: boom"}},
 	}}}
 	r.build()
@@ -177,7 +183,8 @@ func TestBuildVolumes(t *testing.T) {
 	}
 	ab := rows["a/b: shim block volume / raw libvirt domain"]
 	// rand write 900/1000 = 0.90 misses 0.95: NOT MET.
-	if ab.Status != "NOT MET" || !strings.Contains(ab.Value, "seq write 1.05 (0.90-1.20)") || !strings.Contains(ab.Value, "rand write 0.90 (0.90-0.90)") {
+	if ab.Status != "NOT MET" || !strings.Contains(ab.Value, "seq write 1.05 (0.90-1.20)") ||
+		!strings.Contains(ab.Value, "rand write 0.90 (0.90-0.90)") {
 		t.Errorf("a/b row: %+v", ab)
 	}
 	ca := rows["c/a: virtiofs share / shim block volume"]

@@ -82,9 +82,9 @@ func run(args []string) error {
 		return err
 	}
 	for _, n := range nodes {
-		e, err := parseNode(n)
-		if err != nil {
-			return err
+		e, parseNodeErr := parseNode(n)
+		if parseNodeErr != nil {
+			return parseNodeErr
 		}
 		entries = append(entries, e)
 	}

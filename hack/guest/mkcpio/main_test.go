@@ -76,7 +76,7 @@ func TestPack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := run([]string{"-root", root, "-out", out, "-node", "/dev/console:c:5:1:0600"}); err != nil {
+	if err = run([]string{"-root", root, "-out", out, "-node", "/dev/console:c:5:1:0600"}); err != nil {
 		t.Fatal(err)
 	}
 	second, _ := os.ReadFile(out)
