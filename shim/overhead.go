@@ -14,6 +14,7 @@ const PodFixedOverheadMiB = 144
 
 // overheadNote is `check`'s line on the overhead to declare.
 func overheadNote() string {
-	return fmt.Sprintf("declare RuntimeClass overhead.podFixed memory: %dMi (measured under TCG with all guest RAM touched; see docs/resources.md)",
+	return fmt.Sprintf("declare RuntimeClass overhead.podFixed memory: %dMi "+
+		"(measured under TCG with all guest RAM touched; see docs/resources.md)",
 		PodFixedOverheadMiB)
 }

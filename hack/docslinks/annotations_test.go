@@ -48,9 +48,11 @@ func TestAnnotationKeySearch(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	write("a/a.go", "package a\nconst (\n\tAnnotationPrefix = \"kvm.containerd.io/\"\n\tX = AnnotationPrefix + \"user-data\"\n\tY = \"kvm.containerd.io/vcpus\"\n\tZ = \"kvm.containerd.io/*\"\n)\n")
+	write("a/a.go", "package a\nconst (\n\tAnnotationPrefix = \"kvm.containerd.io/\"\n"+
+		"\tX = AnnotationPrefix + \"user-data\"\n\tY = \"kvm.containerd.io/vcpus\"\n\tZ = \"kvm.containerd.io/*\"\n)\n")
 	write("a/a_test.go", "package a\nconst T = \"kvm.containerd.io/only-in-a-test\"\n")
-	write("docs/annotations.md", "# A\n\n### kvm.containerd.io/vcpus\n\n### `kvm.containerd.io/user-data`\n\nkvm.containerd.io/memory in prose\n")
+	write("docs/annotations.md", "# A\n\n### kvm.containerd.io/vcpus\n\n"+
+		"### `kvm.containerd.io/user-data`\n\nkvm.containerd.io/memory in prose\n")
 	code, err := CodeAnnotationKeys(root)
 	if err != nil {
 		t.Fatal(err)

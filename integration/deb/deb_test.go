@@ -176,8 +176,8 @@ func TestDebianPackage(t *testing.T) {
 		t.Fatalf("installed version %q, want 0.0.0+debtest1", v)
 	}
 	for _, p := range []string{shimPath, wrapper} {
-		if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o755 {
-			t.Errorf("%s: %v, mode %v; want an executable", p, err, fi)
+		if fi, statErr := os.Stat(p); statErr != nil || fi.Mode().Perm() != 0o755 {
+			t.Errorf("%s: %v, mode %v; want an executable", p, statErr, fi)
 		}
 	}
 	conf, err := os.ReadFile(conffile)
