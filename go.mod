@@ -2,8 +2,6 @@ module github.com/kvm-shim/containerd-shim-kvm-v1
 
 go 1.26.0
 
-replace github.com/digitalocean/go-libvirt => /usr/share/gocode/src/github.com/digitalocean/go-libvirt
-
 require (
 	github.com/containerd/cgroups/v3 v3.0.2
 	github.com/containerd/containerd v1.7.35
@@ -14,7 +12,7 @@ require (
 	github.com/containerd/ttrpc v1.2.7
 	github.com/containerd/typeurl/v2 v2.1.1
 	github.com/cyphar/filepath-securejoin v0.5.1
-	github.com/digitalocean/go-libvirt v0.0.0-00010101000000-000000000000
+	github.com/digitalocean/go-libvirt v0.0.0-20261013170128-efbbdf578ac8
 	github.com/moby/sys/mountinfo v0.6.2
 	github.com/opencontainers/runtime-spec v1.1.0
 	github.com/pelletier/go-toml/v2 v2.2.2

@@ -21,7 +21,6 @@ set -euo pipefail
 PACKAGES=(
 	containerd runc
 	libvirt-daemon-system libvirt-clients qemu-system-x86 qemu-utils
-	golang-github-digitalocean-go-libvirt-dev
 	linux-image-cloud-amd64 busybox-static dosfstools mtools syslinux syslinux-common cpio
 	containernetworking-plugins iproute2 ethtool
 	libxml2-utils genisoimage ipxe

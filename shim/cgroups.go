@@ -135,10 +135,7 @@ func removeVMCgroup(rec *taskRecord) error {
 
 // cgroupStats reports the statistics of a running VM's cgroup.
 func (t *vmTask) cgroupStats(ctx context.Context) (*anypb.Any, error) {
-	t.mu.Lock()
-	err := t.checkRunningLocked("stats")
-	t.mu.Unlock()
-	if err != nil {
+	if err := t.checkRunning("stats"); err != nil {
 		return nil, err
 	}
 	return cgroupMetrics(t.cgroup)

@@ -159,20 +159,18 @@ func (t *vmTask) deleteExec(e *execProcess) error {
 	if err := e.deleteStopped(); err != nil {
 		return err
 	}
-	t.mu.Lock()
-	delete(t.execs, e.execID)
-	t.mu.Unlock()
+	withLock(&t.mu, func() { delete(t.execs, e.execID) })
 	return nil
 }
 
 // abandonExecs ends the waits of the task's execs: the VM is gone.
 func (t *vmTask) abandonExecs() {
-	t.mu.Lock()
-	execs := make([]*execProcess, 0, len(t.execs))
-	for _, e := range t.execs {
-		execs = append(execs, e)
-	}
-	t.mu.Unlock()
+	var execs []*execProcess
+	withLock(&t.mu, func() {
+		for _, e := range t.execs {
+			execs = append(execs, e)
+		}
+	})
 	for _, e := range execs {
 		e.abandon()
 	}
@@ -182,9 +180,8 @@ func (t *vmTask) abandonExecs() {
 // Without stdin it is started here and its guest pid returned; with
 // stdin it starts once stdin reached EOF (pid 0 here).
 func (e *execProcess) start(ctx context.Context) (int, error) {
-	e.task.mu.Lock()
-	err := e.task.checkExecLocked()
-	e.task.mu.Unlock()
+	var err error
+	withLock(&e.task.mu, func() { err = e.task.checkExecLocked() })
 	if err != nil {
 		return 0, err
 	}
@@ -236,9 +233,7 @@ func (e *execProcess) run(ctx context.Context, fifos execIO, startErr error) {
 		exit.Stderr = append(exit.Stderr, "containerd-shim-kvm-v1: "+err.Error()+"\n"...)
 	}
 	fifos.deliver(ctx, exit)
-	e.mu.Lock()
-	e.setExitedLocked(uint32(exit.Code))
-	e.mu.Unlock()
+	e.setExited(uint32(exit.Code))
 	l := log.G(ctx).WithField("vm", e.task.rec.Domain).WithField("exec", e.execID).
 		WithField("exitCode", exit.Code).WithField("goroutines", runtime.NumGoroutine())
 	if err != nil {
@@ -263,10 +258,11 @@ func (e *execProcess) execute(ctx context.Context, startErr error) (vm.Exit, err
 		cmd := e.cmd
 		cmd.Input = input
 		pid, startErr = e.agent.Start(cmd)
-		e.mu.Lock()
-		e.guestPID, e.pid = pid, pid
-		sig := e.killSig
-		e.mu.Unlock()
+		var sig uint32
+		withLock(&e.mu, func() {
+			e.guestPID, e.pid = pid, pid
+			sig = e.killSig
+		})
 		if startErr == nil && sig != 0 {
 			goSafe(ctx, "signal an exec", func() { _ = e.signal(ctx, sig) })
 		}
@@ -325,13 +321,9 @@ func (e *execProcess) readStdin(ctx context.Context) ([]byte, error) {
 		return nil, err
 	}
 	defer in.Close()
-	e.mu.Lock()
-	e.stdin = in
-	e.mu.Unlock()
+	withLock(&e.mu, func() { e.stdin = in })
 	input, err := io.ReadAll(io.LimitReader(in, vm.MaxExecInput+1))
-	e.mu.Lock()
-	e.stdin = nil
-	e.mu.Unlock()
+	withLock(&e.mu, func() { e.stdin = nil })
 	if err != nil && !errors.Is(err, os.ErrClosed) && !errors.Is(err, fifo.ErrReadClosed) {
 		return nil, err
 	}
@@ -351,19 +343,10 @@ func (e *execProcess) killedCode() int {
 // end the exec: if the process has not gone within killGrace (or kill
 // could not run), the exec is reported killed and the process left.
 func (e *execProcess) kill(ctx context.Context, sig uint32) error {
-	e.mu.Lock()
-	switch e.status {
-	case task.Status_CREATED:
-		e.setExitedLocked(128 + sig)
-		e.mu.Unlock()
-		return nil
-	case task.Status_STOPPED:
-		e.mu.Unlock()
-		return fmt.Errorf("kill exec %s: process already finished: %w", e.execID, errdefs.ErrNotFound)
+	pid, done, err := e.markKilled(sig)
+	if done {
+		return err
 	}
-	e.killSig = sig
-	pid := e.guestPID
-	e.mu.Unlock()
 	if pid == 0 {
 		// Still reading stdin: the command never starts.
 		e.abandon()
@@ -373,10 +356,26 @@ func (e *execProcess) kill(ctx context.Context, sig uint32) error {
 	return e.signal(ctx, sig)
 }
 
-func (e *execProcess) signal(ctx context.Context, sig uint32) error {
+// markKilled records a kill's signal and returns the guest pid to signal;
+// done when the kill is over already: an exec that never started ends
+// here, one that ended is NotFound.
+func (e *execProcess) markKilled(sig uint32) (pid int, done bool, err error) {
 	e.mu.Lock()
-	pid := e.guestPID
-	e.mu.Unlock()
+	defer e.mu.Unlock()
+	switch e.status {
+	case task.Status_CREATED:
+		e.setExitedLocked(128 + sig)
+		return 0, true, nil
+	case task.Status_STOPPED:
+		return 0, true, fmt.Errorf("kill exec %s: process already finished: %w", e.execID, errdefs.ErrNotFound)
+	}
+	e.killSig = sig
+	return e.guestPID, false, nil
+}
+
+func (e *execProcess) signal(ctx context.Context, sig uint32) error {
+	var pid int
+	withLock(&e.mu, func() { pid = e.guestPID })
 	sctx, cancel := context.WithTimeout(ctx, 2*vm.AgentTimeout)
 	defer cancel()
 	err := e.agent.Signal(sctx, pid, int(sig))
@@ -393,9 +392,8 @@ func (e *execProcess) signal(ctx context.Context, sig uint32) error {
 
 // abandon stops waiting for the guest process.
 func (e *execProcess) abandon() {
-	e.mu.Lock()
-	stop := e.stop
-	e.mu.Unlock()
+	var stop context.CancelFunc
+	withLock(&e.mu, func() { stop = e.stop })
 	if stop != nil {
 		stop()
 	}
@@ -406,9 +404,8 @@ func (e *execProcess) abandon() {
 func (e *execProcess) closeStdin() { e.endStdin(stdinGrace) }
 
 func (e *execProcess) endStdin(grace time.Duration) {
-	e.mu.Lock()
-	in := e.stdin
-	e.mu.Unlock()
+	var in io.ReadCloser
+	withLock(&e.mu, func() { in = e.stdin })
 	if in != nil {
 		time.AfterFunc(grace, func() { in.Close() })
 	}

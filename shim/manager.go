@@ -218,36 +218,16 @@ func removeDeadShimSocket(ctx context.Context, bundle string) {
 const cleanupConnectBudget = 2 * time.Second
 
 // connectForCleanup connects to libvirtd, trying again while it is away
-// (restarting) until the budget or ctx ends. An attempt that hangs (a
-// libvirtd that accepts but does not answer) is abandoned at the budget:
-// this process exits soon after.
+// (restarting) until the budget or ctx ends. vm.Connect honours the
+// budget's deadline, so an attempt that hangs (a libvirtd that accepts but
+// does not answer) ends with it.
 func connectForCleanup(ctx context.Context, socket string) (*vm.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, cleanupConnectBudget)
 	defer cancel()
 	for {
-		type result struct {
-			conn *vm.Conn
-			err  error
-		}
-		done := make(chan result, 1)
-		go func() {
-			conn, err := vm.Connect(ctx, socket)
-			done <- result{conn, err}
-		}()
-		var err error
-		select {
-		case r := <-done:
-			if r.err == nil {
-				return r.conn, nil
-			}
-			err = r.err
-		case <-ctx.Done():
-			go func() { // a connection made too late is closed
-				if r := <-done; r.conn != nil {
-					r.conn.Close()
-				}
-			}()
-			return nil, fmt.Errorf("connect to libvirtd at %s: %w", socket, ctx.Err())
+		conn, err := vm.Connect(ctx, socket)
+		if err == nil {
+			return conn, nil
 		}
 		select {
 		case <-ctx.Done():

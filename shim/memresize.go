@@ -89,11 +89,9 @@ func (t *vmTask) syncMemoryLocked(ctx context.Context, cur int) int {
 		return cur
 	}
 	if n := t.mem.bootMiB + p.RequestedMiB; n != cur && p.RequestedMiB != t.mem.plugFor(cur) {
-		log.G(ctx).WithField("vm",
-			t.rec.Domain).WithField("recorded", cur).WithField("live", n).Info("the VM's hot-added memory changed outside a resize")
-		t.mu.Lock()
-		t.memMiB = n
-		t.mu.Unlock()
+		log.G(ctx).WithField("vm", t.rec.Domain).WithField("recorded", cur).WithField("live", n).
+			Info("the VM's hot-added memory changed outside a resize")
+		withLock(&t.mu, func() { t.memMiB = n })
 		return n
 	}
 	return cur

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime/debug"
+	"sync"
 
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
@@ -16,6 +17,24 @@ import (
 // the pod. Panics are recovered at the ttrpc boundary and in every
 // goroutine the shim starts, logged with their stack, and turned into an
 // error (a request) or a log line (a background job).
+
+// Locks and recovered panics: a task call that panics is recovered and
+// the shim carries on, so every lock the call held must be released as
+// the panic unwinds, or every later call on that task (or on the whole
+// service, for its own locks) would hang: worse than the crash the
+// recovery avoids. So every locked section unlocks in a defer: a whole
+// function with Lock and a deferred Unlock, a part of one through
+// withLock. We chose that over marking a task broken after a panic: a
+// mark cannot help when the lock held is the service's (its task map,
+// its host), it needs a check in every call, and the calls after a panic
+// that matter most, Kill and Delete, should still work on the VM.
+
+// withLock runs fn holding mu, and releases mu even if fn panics.
+func withLock(mu sync.Locker, fn func()) {
+	mu.Lock()
+	defer mu.Unlock()
+	fn()
+}
 
 // logPanic logs a recovered panic with the stack of the goroutine that
 // panicked and returns the error a caller gets for it.

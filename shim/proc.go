@@ -127,6 +127,20 @@ func (p *proc) wait(ctx context.Context) (uint32, time.Time, error) {
 	return st, at, nil
 }
 
+// checkRunning fails unless the task is running or paused.
+func (p *proc) checkRunning(what string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.checkRunningLocked(what)
+}
+
+// setExited records the exit once (see setExitedLocked).
+func (p *proc) setExited(status uint32) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.setExitedLocked(status)
+}
+
 // checkRunningLocked fails unless the task is running or paused.
 func (p *proc) checkRunningLocked(what string) error {
 	switch p.status {

@@ -100,9 +100,9 @@ func resizeTargetFrom(r *specs.LinuxResources, vcpus, memMiB int) resizeTarget {
 func (t *vmTask) update(ctx context.Context, r *specs.LinuxResources) error {
 	t.resizeMu.Lock() // one resize at a time; mu stays free for kill and stats
 	defer t.resizeMu.Unlock()
-	t.mu.Lock()
-	status, cur, plugged, mem := t.status, t.vcpus, t.plugged, t.memMiB
-	t.mu.Unlock()
+	var status task.Status
+	var cur, plugged, mem int
+	withLock(&t.mu, func() { status, cur, plugged, mem = t.status, t.vcpus, t.plugged, t.memMiB })
 	if status != task.Status_RUNNING {
 		return fmt.Errorf("resize %s: the VM is %s; only a running VM is resized live: %w", t.id, strings.ToLower(status.String()),
 			errdefs.ErrFailedPrecondition)
@@ -146,9 +146,7 @@ func (t *vmTask) update(ctx context.Context, r *specs.LinuxResources) error {
 			return fmt.Errorf("resize %s to %d MiB (linux.resources.memory.limit): %w", t.id, want.memMiB, err)
 		}
 	}
-	t.mu.Lock()
-	t.vcpus, t.plugged, t.memMiB = want.vcpus, max(plugged, want.vcpus), want.memMiB
-	t.mu.Unlock()
+	withLock(&t.mu, func() { t.vcpus, t.plugged, t.memMiB = want.vcpus, max(plugged, want.vcpus), want.memMiB })
 	l.Info("resized VM")
 	return nil
 }
@@ -169,15 +167,12 @@ func (t *vmTask) syncVCPUsLocked(ctx context.Context, cur, plugged int) (int, in
 	log.G(ctx).WithField("vm", t.rec.Domain).WithField("recorded", plugged).WithField("live", n).WithField("online", online).
 		Info("QEMU's vCPUs changed after a resize gave up on them")
 	if t.rec.NUMAOwner != "" && t.h.numa != nil {
-		t.mu.Lock()
-		mem := t.memMiB
-		t.mu.Unlock()
+		var mem int
+		withLock(&t.mu, func() { mem = t.memMiB })
 		if _, err := t.h.numa.Resize(t.rec.NUMAOwner, online, mem); err != nil {
 			log.G(ctx).WithError(err).WithField("vm", t.rec.Domain).Warn("NUMA reservation of the VM's live vCPUs")
 		}
 	}
-	t.mu.Lock()
-	t.vcpus, t.plugged = online, n
-	t.mu.Unlock()
+	withLock(&t.mu, func() { t.vcpus, t.plugged = online, n })
 	return online, n
 }

@@ -92,17 +92,13 @@ func (t *sandboxTask) start(ctx context.Context) (int, error) {
 // kill ends the sandbox as a pause process would: 0 for SIGTERM or
 // SIGINT, 128+signal otherwise.
 func (t *sandboxTask) kill(ctx context.Context, sig uint32) error {
-	t.mu.Lock()
-	if t.status == task.Status_STOPPED {
-		t.mu.Unlock()
-		return fmt.Errorf("kill %s: process already finished: %w", t.id, errdefs.ErrNotFound)
-	}
 	status := 128 + sig
 	if s := unix.Signal(sig); s == unix.SIGTERM || s == unix.SIGINT {
 		status = 0
 	}
-	t.setExitedLocked(status)
-	t.mu.Unlock()
+	if !t.setExited(status) {
+		return fmt.Errorf("kill %s: process already finished: %w", t.id, errdefs.ErrNotFound)
+	}
 	return nil
 }
 

@@ -122,9 +122,9 @@ func (s *service) UnaryInterceptor() ttrpc.UnaryServerInterceptor {
 
 // get finds a task, or one of its exec processes when execID is set.
 func (s *service) get(id, execID string) (taskRunner, error) {
-	s.mu.Lock()
-	t, ok := s.tasks[id]
-	s.mu.Unlock()
+	var t taskRunner
+	var ok bool
+	withLock(&s.mu, func() { t, ok = s.tasks[id] })
 	if !ok {
 		return nil, fmt.Errorf("task %s: %w", id, errdefs.ErrNotFound)
 	}
@@ -188,9 +188,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 	if err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	s.tasks[r.ID] = t
-	s.mu.Unlock()
+	withLock(&s.mu, func() { s.tasks[r.ID] = t })
 	s.events.send(&eventstypes.TaskCreate{
 		ContainerID: r.ID, Bundle: r.Bundle, Rootfs: r.Rootfs,
 		IO: &eventstypes.TaskIO{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
@@ -276,9 +274,7 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	if err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	delete(s.tasks, r.ID)
-	s.mu.Unlock()
+	withLock(&s.mu, func() { delete(s.tasks, r.ID) })
 	_, pid, status, at := t.base().snapshot()
 	s.events.send(&eventstypes.TaskDelete{ContainerID: r.ID, ID: r.ID, Pid: uint32(pid), ExitStatus: status,
 		ExitedAt: protobuf.ToTimestamp(at)})
@@ -369,14 +365,16 @@ func (s *service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*pt
 	defer s.createMu.Unlock()
 	s.hostMu.Lock()
 	defer s.hostMu.Unlock()
-	s.mu.Lock()
-	if len(s.tasks) > 0 {
-		s.mu.Unlock()
+	var h *host
+	var busy bool
+	withLock(&s.mu, func() {
+		if busy = len(s.tasks) > 0; !busy {
+			h, s.host = s.host, nil
+		}
+	})
+	if busy {
 		return &ptypes.Empty{}, nil
 	}
-	h := s.host
-	s.host = nil
-	s.mu.Unlock()
 	s.hostClosed = true
 	if h != nil {
 		// A clean disconnect (bounded: Close gives up after 2 s) rather
@@ -485,9 +483,8 @@ func (s *service) vmHost(ctx context.Context, cfg *Config) (*host, error) {
 	if s.hostClosed {
 		return nil, fmt.Errorf("connect to libvirt: the shim is shutting down: %w", errdefs.ErrUnavailable)
 	}
-	s.mu.Lock()
-	h := s.host
-	s.mu.Unlock()
+	var h *host
+	withLock(&s.mu, func() { h = s.host })
 	if h != nil {
 		return h, nil
 	}
@@ -511,9 +508,7 @@ func (s *service) vmHost(ctx context.Context, cfg *Config) (*host, error) {
 		release = h.numa.Release
 	}
 	sweep(context.WithoutCancel(ctx), h.layout, h.conn, h.fdSocketDir, release, time.Now())
-	s.mu.Lock()
-	s.host = h
-	s.mu.Unlock()
+	withLock(&s.mu, func() { s.host = h })
 	goSafe(ctx, "follow libvirt events", func() { s.followEvents(context.WithoutCancel(ctx), h) })
 	return h, nil
 }

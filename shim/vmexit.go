@@ -87,13 +87,16 @@ func (t *vmTask) followExit(ctx context.Context, w *vm.ExitWatch) {
 // onStopped records the exit of a running VM once and publishes it after
 // the console output is drained.
 func (t *vmTask) onStopped(ctx context.Context, reason vm.StopReason) {
-	t.mu.Lock()
-	if t.status != task.Status_RUNNING && t.status != task.Status_PAUSED {
-		t.mu.Unlock()
+	var live, pressed bool
+	var c *console
+	var pressReconnects uint64
+	withLock(&t.mu, func() {
+		live = t.status == task.Status_RUNNING || t.status == task.Status_PAUSED
+		c, pressed, pressReconnects = t.console, t.powerPressed, t.pressReconnects
+	})
+	if !live {
 		return
 	}
-	c, pressed, pressReconnects := t.console, t.powerPressed, t.pressReconnects
-	t.mu.Unlock()
 	if reason == vm.StopCrashed && pressed && t.h.conn.Reconnects() != pressReconnects {
 		// libvirtd that comes back and finds the guest powered off
 		// (QEMU, run with -no-shutdown, waits for it) or QEMU gone
@@ -111,10 +114,12 @@ func (t *vmTask) onStopped(ctx context.Context, reason vm.StopReason) {
 	if c != nil {
 		c.waitDrained(2 * time.Second)
 	}
-	t.mu.Lock()
-	published := t.setExitedLocked(reason.ExitStatus())
-	status := t.exitStatus
-	t.mu.Unlock()
+	var published bool
+	var status uint32
+	withLock(&t.mu, func() {
+		published = t.setExitedLocked(reason.ExitStatus())
+		status = t.exitStatus
+	})
 	if published {
 		log.G(ctx).WithField("vm", t.rec.Domain).WithField("reason", reason).WithField("exitStatus", status).Info("VM stopped")
 	}
@@ -128,9 +133,8 @@ var qemuEndWait = time.Second
 // qemuEnded tells whether the VM's QEMU has exited, waiting up to wait for
 // its pidfd to say so.
 func (t *vmTask) qemuEnded(wait time.Duration) bool {
-	t.mu.Lock()
-	w := t.exit
-	t.mu.Unlock()
+	var w *vm.ExitWatch
+	withLock(&t.mu, func() { w = t.exit })
 	if w == nil {
 		return false
 	}

@@ -135,17 +135,8 @@ func closeAll(cs ...interface{ Close() error }) {
 }
 
 func (t *vmTask) kill(ctx context.Context, sig uint32) error {
-	t.mu.Lock()
-	if t.status == task.Status_CREATED {
-		// Nothing runs yet: the task just ends, as a process would.
-		t.setExitedLocked(128 + sig)
-		t.mu.Unlock()
-		return nil
-	}
-	err := t.checkRunningLocked("kill")
-	paused := t.status == task.Status_PAUSED
-	t.mu.Unlock()
-	if err != nil {
+	paused, done, err := t.checkKill(sig)
+	if done || err != nil {
 		return err
 	}
 	s := unix.Signal(sig)
@@ -162,9 +153,7 @@ func (t *vmTask) kill(ctx context.Context, sig uint32) error {
 		reconnects := t.h.conn.Reconnects()
 		err = t.h.conn.Shutdown(t.rec.Domain)
 		if err == nil {
-			t.mu.Lock()
-			t.powerPressed, t.pressReconnects = true, reconnects
-			t.mu.Unlock()
+			withLock(&t.mu, func() { t.powerPressed, t.pressReconnects = true, reconnects })
 		}
 	default:
 		return fmt.Errorf("signal %d is not supported for a VM: SIGTERM, SIGINT or SIGPWR press the ACPI power button, SIGKILL destroys it: %w",
@@ -190,6 +179,19 @@ func (t *vmTask) kill(ctx context.Context, sig uint32) error {
 	return err
 }
 
+// checkKill ends a task that never started (done) and otherwise checks
+// that a kill can reach its VM, reporting whether the VM is paused.
+func (t *vmTask) checkKill(sig uint32) (paused, done bool, err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.status == task.Status_CREATED {
+		// Nothing runs yet: the task just ends, as a process would.
+		t.setExitedLocked(128 + sig)
+		return false, true, nil
+	}
+	return t.status == task.Status_PAUSED, false, t.checkRunningLocked("kill")
+}
+
 // isPowerButton tells the signals that press the VM's ACPI power button.
 func isPowerButton(s unix.Signal) bool {
 	return s == unix.SIGTERM || s == unix.SIGINT || s == unix.SIGPWR
@@ -202,14 +204,16 @@ func isPowerButton(s unix.Signal) bool {
 // for; the caller goes on to SIGKILL, as after an ignored SIGTERM. It
 // reports whether the VM is paused.
 func (t *vmTask) holdPowerButton(ctx context.Context) bool {
-	t.mu.Lock()
-	if t.status == task.Status_PAUSED {
-		t.powerOffOnResume = true
-		t.mu.Unlock()
+	var held bool
+	withLock(&t.mu, func() {
+		if t.status == task.Status_PAUSED {
+			t.powerOffOnResume, held = true, true
+		}
+	})
+	if held {
 		log.G(ctx).WithField("vm", t.rec.Domain).Info("VM is paused: its power button is pressed when it resumes")
 		return true
 	}
-	t.mu.Unlock()
 	if st, err := t.h.conn.State(t.rec.Domain); err == nil && st.Paused {
 		log.G(ctx).WithField("vm", t.rec.Domain).Warn("VM was paused by QEMU (not by the shim) and cannot answer the power button")
 		return true
@@ -253,10 +257,7 @@ func (t *vmTask) resume(ctx context.Context) error {
 }
 
 func (t *vmTask) stats(ctx context.Context) (vm.Stats, error) {
-	t.mu.Lock()
-	err := t.checkRunningLocked("stats")
-	t.mu.Unlock()
-	if err != nil {
+	if err := t.checkRunning("stats"); err != nil {
 		return vm.Stats{}, err
 	}
 	st, err := t.h.conn.Stats(t.rec.Domain)
@@ -270,25 +271,32 @@ func (t *vmTask) stats(ctx context.Context) (vm.Stats, error) {
 	if err == nil && t.mem.maxMiB > t.mem.bootMiB {
 		// libvirt counts the whole virtio-mem device as the guest's
 		// memory; the guest has its boot memory and what is plugged.
-		t.mu.Lock()
-		st.MemoryBytes = uint64(t.mem.bootMiB+t.mem.plugFor(t.memMiB)) * mib
-		t.mu.Unlock()
+		withLock(&t.mu, func() { st.MemoryBytes = uint64(t.mem.bootMiB+t.mem.plugFor(t.memMiB)) * mib })
 	}
 	return st, err
+}
+
+// endForDelete ends a task that is not running for its Delete and takes
+// what the task holds open, for the caller to close.
+func (t *vmTask) endForDelete() (*console, *netfd.Server, *vm.ExitWatch, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.status == task.Status_RUNNING || t.status == task.Status_PAUSED {
+		return nil, nil, nil, fmt.Errorf("delete %s: task is %s; kill it first: %w", t.id, t.status, errdefs.ErrFailedPrecondition)
+	}
+	t.setDeletedLocked()
+	c, srv, exit := t.console, t.fdServer, t.exit
+	t.console, t.fdServer, t.exit = nil, nil, nil
+	return c, srv, exit, nil
 }
 
 // delete tears down everything the task made. A running VM must be killed
 // first, as with any task.
 func (t *vmTask) delete(ctx context.Context) error {
-	t.mu.Lock()
-	if t.status == task.Status_RUNNING || t.status == task.Status_PAUSED {
-		t.mu.Unlock()
-		return fmt.Errorf("delete %s: task is %s; kill it first: %w", t.id, t.status, errdefs.ErrFailedPrecondition)
+	c, srv, exit, err := t.endForDelete()
+	if err != nil {
+		return err
 	}
-	t.setDeletedLocked()
-	c, srv, exit := t.console, t.fdServer, t.exit
-	t.console, t.fdServer, t.exit = nil, nil, nil
-	t.mu.Unlock()
 	if exit != nil {
 		exit.Close()
 	}

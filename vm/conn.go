@@ -13,7 +13,6 @@ import (
 	"github.com/containerd/log"
 	"github.com/digitalocean/go-libvirt"
 	"github.com/digitalocean/go-libvirt/socket"
-	"github.com/digitalocean/go-libvirt/socket/dialers"
 )
 
 // DefaultSocket is libvirtd's read-write socket for qemu:///system.
@@ -47,10 +46,12 @@ type Conn struct {
 	reconnects atomic.Uint64
 }
 
-// Connect dials libvirtd at socketPath. The first connection must succeed;
-// later losses are repaired in the background until Close.
+// Connect dials libvirtd at socketPath. The first connection must succeed
+// before ctx ends (its deadline bounds the dial and the handshake: a
+// libvirtd that accepts but never answers fails the call then); later
+// losses are repaired in the background until Close.
 func Connect(ctx context.Context, socketPath string) (*Conn, error) {
-	l, sock, err := dial(socketPath)
+	l, sock, err := dial(ctx, socketPath)
 	if err != nil {
 		return nil, err
 	}
@@ -72,9 +73,29 @@ func Connect(ctx context.Context, socketPath string) (*Conn, error) {
 // go-libvirt closes its socket only in a Disconnect that gets libvirtd's
 // reply, so a connection that ended any other way (libvirtd restarted, or
 // closed its side before that reply) is closed by its owner.
-func dial(path string) (*libvirt.Libvirt, net.Conn, error) {
-	d := &keptDialer{Dialer: dialers.NewLocal(dialers.WithSocket(path), dialers.WithLocalTimeout(5*time.Second))}
-	l := libvirt.NewWithDialer(d)
+//
+// go-libvirt's calls take no context and a read deadline does not help
+// (its reader retries timeouts for ever), so ctx is honoured by closing
+// the socket when ctx ends: the handshake's pending calls then fail
+// with ErrInterrupted.
+func dial(ctx context.Context, path string) (l *libvirt.Libvirt, conn net.Conn, retErr error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, fmt.Errorf("connect to libvirtd at %s: %w", path, err)
+	}
+	d := &ctxDialer{ctx: ctx, path: path}
+	stop := context.AfterFunc(ctx, d.abort)
+	defer func() {
+		if !stop() && retErr == nil {
+			// ctx ended while the handshake finished: abort closed
+			// (or is closing) the socket.
+			retErr = fmt.Errorf("connect to libvirtd at %s: %w", path, context.Cause(ctx))
+		}
+		if retErr != nil {
+			d.abort()
+			l, conn = nil, nil
+		}
+	}()
+	l = libvirt.NewWithDialer(d)
 	err := l.ConnectToURI(libvirt.QEMUSystem)
 	if err == nil {
 		// A connection that libvirtd closed while go-libvirt set it up
@@ -85,26 +106,57 @@ func dial(path string) (*libvirt.Libvirt, net.Conn, error) {
 		_, err = l.ConnectGetLibVersion()
 	}
 	if err != nil {
-		if d.conn != nil {
-			_ = d.conn.Close()
+		if ctx.Err() != nil {
+			return nil, nil, fmt.Errorf("connect to libvirtd at %s: %v: %w", path, err, context.Cause(ctx))
 		}
 		return nil, nil, fmt.Errorf("connect to libvirtd at %s: %v: %w", path, err, errdefs.ErrUnavailable)
 	}
-	return l, d.conn, nil
+	return l, d.socket(), nil
 }
 
-// keptDialer remembers the connection it made.
-type keptDialer struct {
-	socket.Dialer
-	conn net.Conn
+// ctxDialer dials libvirtd's unix socket within its context and
+// remembers the connection it made, so that its owner can close it.
+type ctxDialer struct {
+	ctx  context.Context
+	path string
+
+	mu      sync.Mutex
+	conn    net.Conn // guarded by mu
+	aborted bool     // guarded by mu; a later dial fails
 }
 
-func (d *keptDialer) Dial() (net.Conn, error) {
-	conn, err := d.Dialer.Dial()
-	if err == nil {
-		d.conn = conn
+var _ socket.Dialer = (*ctxDialer)(nil)
+
+func (d *ctxDialer) Dial() (net.Conn, error) {
+	var nd net.Dialer
+	conn, err := nd.DialContext(d.ctx, "unix", d.path)
+	if err != nil {
+		return nil, err
 	}
-	return conn, err
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.aborted {
+		_ = conn.Close()
+		return nil, fmt.Errorf("dial %s: %w", d.path, context.Cause(d.ctx))
+	}
+	d.conn = conn
+	return conn, nil
+}
+
+// abort closes the connection made, and makes a later Dial fail.
+func (d *ctxDialer) abort() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.aborted = true
+	if d.conn != nil {
+		_ = d.conn.Close()
+	}
+}
+
+func (d *ctxDialer) socket() net.Conn {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.conn
 }
 
 // Reconnects is how many times the connection was lost and made again.
@@ -186,6 +238,11 @@ func (c *Conn) run(ctx context.Context, l *libvirt.Libvirt) {
 	}
 }
 
+// reconnectAttempt bounds one attempt of the reconnect loop, so that a
+// libvirtd that accepts but does not answer (still starting, or hung) is
+// dialled again instead of holding the loop.
+const reconnectAttempt = 5 * time.Second
+
 func (c *Conn) reconnect(ctx context.Context) (*libvirt.Libvirt, net.Conn, error) {
 	backoff := 100 * time.Millisecond
 	for {
@@ -198,7 +255,9 @@ func (c *Conn) reconnect(ctx context.Context) (*libvirt.Libvirt, net.Conn, error
 		if backoff < 5*time.Second {
 			backoff *= 2
 		}
-		l, sock, err := dial(c.socket)
+		attemptCtx, cancel := context.WithTimeout(ctx, reconnectAttempt)
+		l, sock, err := dial(attemptCtx, c.socket)
+		cancel()
 		if err != nil {
 			log.G(ctx).WithError(err).Debug("libvirtd not back yet")
 			continue

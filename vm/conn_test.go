@@ -2,11 +2,16 @@ package vm
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // libvirtdPID reads the pid libvirtd wrote at start, "" when it is not
@@ -146,5 +151,101 @@ func TestConnCloseBurstKeepsLibvirtd(t *testing.T) {
 	defer c.Close()
 	if _, err := c.Version(); err != nil {
 		t.Fatalf("libvirtd does not answer after the bursts: %v", err)
+	}
+}
+
+// A libvirtd that accepts but never answers holds Connect no longer than
+// its context's deadline, which here is far shorter than the 5 s the dial
+// was once fixed at; the socket it opened is closed, not leaked.
+func TestConnectHonoursDeadline(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "libvirt-sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, acceptErr := l.Accept()
+		if acceptErr != nil {
+			return
+		}
+		accepted <- c // held open, never answered
+	}()
+
+	const deadline = 300 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	start := time.Now()
+	conn, err := Connect(ctx, sock)
+	took := time.Since(start)
+	if err == nil {
+		conn.Close()
+		t.Fatal("connected to a libvirtd that never answers")
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("error %v does not say the deadline passed", err)
+	}
+	if took < deadline || took > deadline+time.Second {
+		t.Errorf("Connect returned after %v, deadline %v", took, deadline)
+	}
+
+	var server net.Conn
+	select {
+	case server = <-accepted:
+	case <-time.After(time.Second):
+		t.Fatal("Connect never reached the listener")
+	}
+	defer server.Close()
+	_ = server.SetReadDeadline(time.Now().Add(2 * time.Second))
+	buf := make([]byte, 4096)
+	for {
+		// The handshake's request arrives, then EOF: the client closed
+		// its socket when the deadline passed.
+		if _, err := server.Read(buf); err != nil {
+			if !errors.Is(err, io.EOF) {
+				t.Errorf("client socket still open after Connect failed: %v", err)
+			}
+			break
+		}
+	}
+}
+
+// A context that is already over fails Connect before any dial.
+func TestConnectCanceledContext(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := Connect(ctx, filepath.Join(t.TempDir(), "none")); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Connect with a canceled context: %v", err)
+	}
+}
+
+// The context bounds only the connecting: a connection made keeps
+// working after its context ends.
+func TestConnectOutlivesItsContext(t *testing.T) {
+	if testing.Short() {
+		t.Skip("talks to the host's libvirtd")
+	}
+	if os.Geteuid() != 0 || libvirtdPID(t) == "" {
+		t.Skip("needs root and a running libvirtd (hack/setup-host.sh starts it)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	conn, err := Connect(ctx, DefaultSocket)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	go func() {
+		for range conn.Events() {
+		}
+	}()
+	cancel()
+	time.Sleep(100 * time.Millisecond)
+	if _, err := conn.Version(); err != nil {
+		t.Fatalf("connection ended with its context: %v", err)
+	}
+	if n := conn.Reconnects(); n != 0 {
+		t.Fatalf("connection was lost and made again %d times", n)
 	}
 }
