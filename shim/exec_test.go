@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/taskio"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm/vmtest"
 )
@@ -402,13 +403,13 @@ func TestExecOutputWaitsForALateReader(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	w, err := openExecOutput(ctx, p)
+	out, err := taskio.OpenOutput(ctx, taskio.Stdio{Stdout: p}, taskio.Options{FIFO: taskio.FIFOWait})
 	if err != nil {
 		t.Fatal(err)
 	}
 	delivered := make(chan struct{})
 	go func() {
-		execIO{out: w}.deliver(ctx, vm.Exit{Code: exitCannotExec})
+		deliver(ctx, out, vm.Exit{Code: exitCannotExec})
 		close(delivered)
 	}()
 	time.Sleep(200 * time.Millisecond) // the reader is late
