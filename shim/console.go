@@ -28,14 +28,14 @@ type console struct {
 }
 
 // taskStdio is the task's stdio as the taskio package takes it.
-func (io stdio) taskStdio() taskio.Stdio {
-	return taskio.Stdio{Stdin: io.Stdin, Stdout: io.Stdout, Stderr: io.Stderr}
+func (s stdio) taskStdio() taskio.Stdio {
+	return taskio.Stdio{Stdin: s.Stdin, Stdout: s.Stdout, Stderr: s.Stderr}
 }
 
 // checkStdio refuses stdio URIs the shim cannot serve, before anything is
 // created.
-func checkStdio(io stdio) error {
-	return taskio.Check(io.taskStdio())
+func checkStdio(s stdio) error {
+	return taskio.Check(s.taskStdio())
 }
 
 // openStdio opens the VM task's stdin and stdout (the guest's console
