@@ -248,7 +248,8 @@ func (out *Output) Dropped() int64 {
 // Close closes the streams and ends the logging binary, if any: it gets
 // EOF on both, then SIGTERM, then SIGKILL, and is reaped before Close
 // returns. Close may be called more than once; only the first acts.
-// It must not run while a write is under way.
+// A write still waiting (for a FIFO's reader, or room in a logger's
+// pipe) fails once Close ran.
 func (out *Output) Close() error {
 	out.once.Do(func() {
 		var errs []error

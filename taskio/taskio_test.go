@@ -371,3 +371,30 @@ func TestLoggerArgs(t *testing.T) {
 		t.Fatalf("args %q", got)
 	}
 }
+
+// A write that waits for a reader who never comes ends with Close.
+func TestCloseEndsAWaitingWrite(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "out")
+	if err := syscall.Mkfifo(p, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o, err := OpenOutput(context.Background(), Stdio{Stdout: p}, Options{FIFO: FIFOWait})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := o.Stdout.Write([]byte("nobody reads this"))
+		wrote <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	_ = o.Close()
+	select {
+	case err := <-wrote:
+		if err == nil {
+			t.Fatal("the write succeeded without a reader")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the write still waits after Close")
+	}
+}
