@@ -46,6 +46,10 @@ func parseOutput(name, stream string) (target, error) {
 	if err != nil {
 		return target{}, fmt.Errorf("%s %q: %v: %w", stream, name, err, errdefs.ErrInvalidArgument)
 	}
+	if (u.Scheme == schemeFIFO || u.Scheme == schemeFile || u.Scheme == schemeBinary) && u.Host != "" {
+		// binary://usr/bin/logger would otherwise run /bin/logger.
+		return target{}, fmt.Errorf("%s %q names host %q: write %s:///absolute/path: %w", stream, name, u.Host, u.Scheme, errdefs.ErrInvalidArgument)
+	}
 	switch u.Scheme {
 	case "":
 		// A plain path, taken as it is: url.Parse would cut it at a '?'.

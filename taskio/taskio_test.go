@@ -240,6 +240,8 @@ func TestCheck(t *testing.T) {
 		{"fifo and binary", Stdio{Stdout: "/run/x/out", Stderr: bin}, "must be the same binary:// URI", errdefs.IsInvalidArgument},
 		{"stderr binary alone", Stdio{Stderr: bin}, "must be the same binary:// URI", errdefs.IsInvalidArgument},
 		{"file relative", Stdio{Stdout: "file:log"}, "the path must be absolute", errdefs.IsInvalidArgument},
+		{"binary with a host", Stdio{Stdout: "binary://usr/bin/logger"}, `names host "usr": write binary:///absolute/path`, errdefs.IsInvalidArgument},
+		{"file with a host", Stdio{Stdout: "file://var/log/x"}, `names host "var"`, errdefs.IsInvalidArgument},
 		{"tcp", Stdio{Stdout: "tcp://host:1"}, `scheme "tcp" is not supported`, errdefs.IsNotImplemented},
 		{"stdin file", Stdio{Stdin: "file:///in"}, "stdin is a FIFO path", errdefs.IsNotImplemented},
 		{"bad url", Stdio{Stderr: "fifo://%zz"}, `stderr "fifo://%zz"`, errdefs.IsInvalidArgument},
