@@ -35,7 +35,7 @@ type logger struct {
 	cmd            *exec.Cmd
 	stdout, stderr *os.File      // write ends; the binary reads the other ends
 	done           chan struct{} // closed once the binary was reaped
-	waitErr        error         // its exit, set before done closes
+	waitErr        error         // its exit; read only after done closed
 	stopAfter      time.Duration
 }
 
@@ -138,6 +138,9 @@ func (l *logger) stop() error {
 	errs := []error{l.stdout.Close(), l.stderr.Close()}
 	select {
 	case <-l.done:
+		if l.waitErr != nil {
+			errs = append(errs, fmt.Errorf("logging binary %s: %w", l.cmd.Path, l.waitErr))
+		}
 		return errors.Join(errs...)
 	case <-time.After(l.stopAfter):
 	}

@@ -156,7 +156,7 @@ func TestBinaryLoggerStopEscalates(t *testing.T) {
 			out := filepath.Join(t.TempDir(), "log")
 			before := countFDs(t)
 			o, err := OpenOutput(context.Background(), Stdio{Stdout: helperURI(t, tc.mode, out)},
-				Options{Namespace: helperNamespace, LoggerStop: 200 * time.Millisecond})
+				Options{Namespace: helperNamespace, LoggerStop: time.Second})
 			if err != nil {
 				t.Fatal(err)
 			}
