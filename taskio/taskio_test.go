@@ -146,7 +146,9 @@ func TestBinaryLoggerGetsBothStreams(t *testing.T) {
 }
 
 // A logger that does not exit at EOF gets SIGTERM; one that ignores
-// that too is killed. Either way it is reaped when Close returns.
+// that too is killed. Either way it is reaped when Close returns. (The
+// waits are generous: a test binary built with -race sleeps 1 s in its
+// exit.)
 func TestBinaryLoggerStopEscalates(t *testing.T) {
 	for _, tc := range []struct{ mode, want string }{
 		{"term", "needed SIGTERM"},
@@ -156,7 +158,7 @@ func TestBinaryLoggerStopEscalates(t *testing.T) {
 			out := filepath.Join(t.TempDir(), "log")
 			before := countFDs(t)
 			o, err := OpenOutput(context.Background(), Stdio{Stdout: helperURI(t, tc.mode, out)},
-				Options{Namespace: helperNamespace, LoggerStop: time.Second})
+				Options{Namespace: helperNamespace, LoggerStop: 1500 * time.Millisecond})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -176,8 +178,8 @@ func TestBinaryLoggerNeverReady(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "log")
 	before := countFDs(t)
 	_, err := OpenOutput(context.Background(), Stdio{Stdout: helperURI(t, "never-ready", out)},
-		Options{Namespace: helperNamespace, LoggerReady: 300 * time.Millisecond})
-	if err == nil || !strings.Contains(err.Error(), "did not get ready (close fd 5) within 300ms") {
+		Options{Namespace: helperNamespace, LoggerReady: 1500 * time.Millisecond})
+	if err == nil || !strings.Contains(err.Error(), "did not get ready (close fd 5) within 1.5s") {
 		t.Fatalf("got %v", err)
 	}
 	// It did run (it wrote its environment), and it is gone and reaped.
