@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/atomicfile"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/procfs"
 )
 
@@ -361,21 +363,6 @@ func openFile(path string, flags int, mode uint32) (int, error) {
 	return fd, nil
 }
 
-func writeAll(fd int, b []byte) error {
-	for len(b) > 0 {
-		var n int
-		err := retryEINTR(func() (err error) {
-			n, err = unix.Write(fd, b)
-			return err
-		})
-		if err != nil {
-			return err
-		}
-		b = b[n:]
-	}
-	return nil
-}
-
 // readFile returns the state file's bytes, nil when there is none.
 func (s *Store) readFile() ([]byte, error) {
 	fd, err := openFile(s.path, unix.O_RDONLY, 0)
@@ -484,10 +471,9 @@ func (s *Store) readRaw() (*rawState, error) {
 	return st, nil
 }
 
-// writeLocked replaces the state file atomically and durably: temporary
-// file, fsync, rename, fsync of the directory. The caller holds the lock,
-// so one fixed temporary name serves; a leftover from a killed writer is
-// truncated.
+// writeLocked replaces the state file atomically. The caller holds the
+// lock, so one fixed temporary name serves; a leftover from a killed
+// writer is truncated.
 func (s *Store) writeLocked(st *rawState) error {
 	if st.header.Nodes == nil {
 		st.header.Nodes = []nodeSummary{}
@@ -511,45 +497,33 @@ func (s *Store) writeLocked(st *rawState) error {
 	}
 	b = append(b, closingLine+"\n"...)
 
-	f, err := openFile(s.tmpPath, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC, 0o600)
-	if err != nil {
-		return fmt.Errorf("write NUMA state: %w", err)
-	}
-	if testHook != nil {
-		half := len(b) / 2
-		if err = writeAll(f, b[:half]); err == nil {
-			testHook("tmp-partial")
-		}
-		b = b[half:]
-	}
-	if err == nil {
-		err = writeAll(f, b)
-	}
-	if err == nil && !s.volatile {
-		err = unix.Fsync(f)
-	}
-	if cerr := unix.Close(f); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("write NUMA state %s: %w", s.tmpPath, err)
-	}
-	if testHook != nil {
-		testHook("before-rename")
-	}
-	if err = unix.Rename(s.tmpPath, s.path); err != nil {
-		return fmt.Errorf("write NUMA state: %w", &os.LinkError{Op: "rename", Old: s.tmpPath, New: s.path, Err: err})
-	}
+	// Durable (data and directory synced) on a disk: a reservation that
+	// a power loss undid would let two VMs share a node's CPUs after the
+	// reboot. On a tmpfs there is nothing to sync, and nothing survives
+	// a power loss anyway.
+	dur := atomicfile.SyncAll
 	if s.volatile {
+		dur = atomicfile.NoSync
+	}
+	err = atomicfile.Write(s.path, atomicfile.Options{Perm: 0o600, Durability: dur, Temp: s.tmpPath}, func(w io.Writer) error {
+		if testHook != nil {
+			half := len(b) / 2
+			if _, werr := w.Write(b[:half]); werr != nil {
+				return werr
+			}
+			testHook("tmp-partial")
+			b = b[half:]
+		}
+		if _, werr := w.Write(b); werr != nil {
+			return werr
+		}
+		if testHook != nil {
+			testHook("before-rename") // the temporary file is whole
+		}
 		return nil
-	}
-	dir, err := openFile(filepath.Dir(s.path), unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	})
 	if err != nil {
-		return fmt.Errorf("sync NUMA state dir: %w", err)
-	}
-	defer unix.Close(dir)
-	if err := unix.Fsync(dir); err != nil {
-		return fmt.Errorf("sync NUMA state dir %s: %w", filepath.Dir(s.path), err)
+		return fmt.Errorf("NUMA state: %w", err)
 	}
 	return nil
 }

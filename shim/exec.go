@@ -6,10 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"runtime"
-	"syscall"
 	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
@@ -21,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/taskio"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
 
@@ -94,9 +93,6 @@ func (t *vmTask) addExec(ctx context.Context, execID string, streams stdio, spec
 		return nil, errTTY
 	}
 	if err := checkStdio(streams); err != nil {
-		return nil, err
-	}
-	if err := checkStdio(stdio{Stdout: streams.Stderr}); err != nil {
 		return nil, err
 	}
 	t.mu.Lock()
@@ -190,7 +186,11 @@ func (e *execProcess) start(ctx context.Context) (int, error) {
 	if e.status != task.Status_CREATED {
 		return 0, fmt.Errorf("start exec %s: it is %s: %w", e.execID, e.status, errdefs.ErrFailedPrecondition)
 	}
-	fifos, err := openExecIO(ctx, e.stdio)
+	// A logging binary gets the exec's id, as containerd's runc shim
+	// gives an exec's.
+	out, err := taskio.OpenOutput(ctx, taskio.Stdio{Stdout: e.stdio.Stdout, Stderr: e.stdio.Stderr}, taskio.Options{
+		ID: e.execID, Namespace: e.task.rec.Namespace, FIFO: taskio.FIFOWait,
+	})
 	if err != nil {
 		return 0, err
 	}
@@ -198,14 +198,14 @@ func (e *execProcess) start(ctx context.Context) (int, error) {
 	if e.stdio.Stdin == "" {
 		e.guestPID, startErr = e.agent.Start(e.cmd)
 		if startErr != nil && !exitsWith(startErr) {
-			fifos.close()
+			_ = out.Close()
 			return 0, fmt.Errorf("start exec %s: %w", e.execID, startErr)
 		}
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	e.stop = cancel
 	e.setRunningLocked(e.guestPID)
-	goSafe(ctx, "run an exec", func() { e.run(runCtx, fifos, startErr) })
+	goSafe(ctx, "run an exec", func() { e.run(runCtx, out, startErr) })
 	return e.guestPID, nil
 }
 
@@ -221,7 +221,7 @@ func exitsWith(err error) bool {
 // run reads stdin (if any), starts the command if start did not, waits for
 // its exit, writes its output and publishes the exit. It is the exec's
 // one long-lived goroutine.
-func (e *execProcess) run(ctx context.Context, fifos execIO, startErr error) {
+func (e *execProcess) run(ctx context.Context, out *taskio.Output, startErr error) {
 	defer e.stop()
 	var exit vm.Exit
 	var err error
@@ -232,7 +232,7 @@ func (e *execProcess) run(ctx context.Context, fifos execIO, startErr error) {
 	if err != nil {
 		exit.Stderr = append(exit.Stderr, "containerd-shim-kvm-v1: "+err.Error()+"\n"...)
 	}
-	fifos.deliver(ctx, exit)
+	deliver(ctx, out, exit)
 	e.setExited(uint32(exit.Code))
 	l := log.G(ctx).WithField("vm", e.task.rec.Domain).WithField("exec", e.execID).
 		WithField("exitCode", exit.Code).WithField("goroutines", runtime.NumGoroutine())
@@ -311,13 +311,8 @@ func (e *execProcess) execute(ctx context.Context, startErr error) (vm.Exit, err
 // cut that wait short: the open may have just completed, and the fifo
 // package then picks either outcome.)
 func (e *execProcess) readStdin(ctx context.Context) ([]byte, error) {
-	octx, cancel := context.WithTimeout(ctx, stdinConnect)
-	in, err := fifo.OpenFifo(octx, e.stdio.Stdin, syscall.O_RDONLY, 0)
-	cancel()
-	if err != nil {
-		if octx.Err() != nil {
-			return nil, nil
-		}
+	in, err := taskio.OpenStdin(ctx, e.stdio.Stdin, stdinConnect)
+	if in == nil || err != nil {
 		return nil, err
 	}
 	defer in.Close()
@@ -419,63 +414,26 @@ func (e *execProcess) resume(context.Context) error {
 	return fmt.Errorf("exec %s: an exec is resumed with its VM: %w", e.execID, errdefs.ErrNotImplemented)
 }
 
-// execIO is an exec's output: FIFOs (or files) containerd or CRI made.
-// Its stdin is read by readStdin.
-type execIO struct {
-	out, err io.WriteCloser
-}
-
-// openExecIO opens the exec's stdout and stderr without blocking: a FIFO
-// whose other end is not open yet is connected in the background.
-func openExecIO(ctx context.Context, sio stdio) (_ execIO, retErr error) {
-	var f execIO
-	defer func() {
-		if retErr != nil {
-			f.close()
-		}
-	}()
-	var err error
-	if f.out, err = openExecOutput(ctx, sio.Stdout); err != nil {
-		return f, fmt.Errorf("open stdout %s: %w", sio.Stdout, err)
-	}
-	if f.err, err = openExecOutput(ctx, sio.Stderr); err != nil {
-		return f, fmt.Errorf("open stderr %s: %w", sio.Stderr, err)
-	}
-	return f, nil
-}
-
-func openExecOutput(ctx context.Context, uri string) (io.WriteCloser, error) {
-	if uri == "" {
-		return nil, nil
-	}
-	u, err := url.Parse(uri)
-	if err != nil {
-		return nil, err
-	}
-	if u.Scheme == "file" {
-		return os.OpenFile(u.Path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
-	}
-	return fifo.OpenFifo(context.WithoutCancel(ctx), u.Path, syscall.O_WRONLY|syscall.O_NONBLOCK, 0)
-}
-
 // outputTimeout bounds how long an exec's output waits for its reader.
 const outputTimeout = 10 * time.Second
 
-// deliver writes the output and closes the stdio. A reader that never
-// comes or stops reading loses the output after outputTimeout rather than
-// holding the exec.
-func (f execIO) deliver(ctx context.Context, exit vm.Exit) {
+// deliver writes the output and closes the stdio (which ends a logging
+// binary). A reader that never comes or stops reading loses the output
+// after outputTimeout rather than holding the exec.
+func deliver(ctx context.Context, out *taskio.Output, exit vm.Exit) {
 	done := make(chan struct{})
 	goSafe(ctx, "write an exec's output", func() {
 		defer close(done)
-		f.write(ctx, exit)
+		writeOutput(ctx, out, exit)
 	})
 	select {
 	case <-done:
 	case <-time.After(outputTimeout):
 		log.G(ctx).Warn("nobody read the exec's output; dropped")
 	}
-	f.close()
+	if err := out.Close(); err != nil {
+		log.G(ctx).WithError(err).Warn("close the exec's output")
+	}
 }
 
 // write hands the output over. An output with nothing to say is still
@@ -484,24 +442,16 @@ func (f execIO) deliver(ctx context.Context, exit vm.Exit) {
 // reader that opens it late (containerd opens its end in the background)
 // would wait for one forever: containerd 1.6's ExecSync then never
 // returns, as it waits for the exec's output without a bound.
-func (f execIO) write(ctx context.Context, exit vm.Exit) {
+func writeOutput(ctx context.Context, out *taskio.Output, exit vm.Exit) {
 	for _, o := range []struct {
-		w    io.WriteCloser
+		w    io.Writer
 		data []byte
-	}{{f.out, exit.Stdout}, {f.err, exit.Stderr}} {
+	}{{out.Stdout, exit.Stdout}, {out.Stderr, exit.Stderr}} {
 		if o.w == nil {
 			continue
 		}
 		if _, err := o.w.Write(o.data); err != nil {
 			log.G(ctx).WithError(err).Debug("write exec output")
-		}
-	}
-}
-
-func (f execIO) close() {
-	for _, c := range []io.Closer{f.out, f.err} {
-		if c != nil {
-			c.Close()
 		}
 	}
 }

@@ -3,10 +3,12 @@ package shim
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -20,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/taskio"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm/vmtest"
 )
@@ -404,13 +407,13 @@ func TestExecOutputWaitsForALateReader(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	w, err := openExecOutput(ctx, p)
+	out, err := taskio.OpenOutput(ctx, taskio.Stdio{Stdout: p}, taskio.Options{FIFO: taskio.FIFOWait})
 	if err != nil {
 		t.Fatal(err)
 	}
 	delivered := make(chan struct{})
 	go func() {
-		execIO{out: w}.deliver(ctx, vm.Exit{Code: exitCannotExec})
+		deliver(ctx, out, vm.Exit{Code: exitCannotExec})
 		close(delivered)
 	}()
 	time.Sleep(200 * time.Millisecond) // the reader is late
@@ -444,5 +447,44 @@ func TestExecOutputWaitsForALateReader(t *testing.T) {
 	case <-delivered:
 	case <-time.After(5 * time.Second):
 		t.Fatal("the output was not delivered once its reader came")
+	}
+}
+
+// An exec's output reaches a binary:// logger, stdout and stderr each on
+// its own descriptor, and the logger is gone when the exec has ended.
+func TestExecOutputToLoggingBinary(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.started()
+	f.fake.guest.SetProgram("/bin/sh", vmtest.Program{Code: 3, Out: "out", Err: "err"})
+	dir := t.TempDir()
+	bin, out, pidFile := filepath.Join(dir, "logger"), filepath.Join(dir, "log"), filepath.Join(dir, "pid")
+	// Arguments "a" LOG "b" PIDFILE; stderr (fd 4) goes to LOG.err.
+	script := "#!/bin/sh\necho $$ > \"$4\"\nexec 5>&-\n/bin/cat <&4 > \"$2.err\" &\n/bin/cat <&3 > \"$2\"\nwait\n"
+	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	uri := "binary://" + bin + "?a=" + out + "&b=" + pidFile
+	e, err := vt.addExec(context.Background(), "e1", stdio{Stdout: uri, Stderr: uri}, processSpec(t, "/bin/sh", "-c", "exit 3"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err = e.start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if st := waitExec(t, e); st != 3 {
+		t.Fatalf("exit status %d, want 3", st)
+	}
+	for p, want := range map[string]string{out: "out", out + ".err": "err"} {
+		if b, readErr := os.ReadFile(p); readErr != nil || string(b) != want {
+			t.Errorf("%s holds %q (%v), want %q", p, b, readErr, want)
+		}
+	}
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if _, err := unix.Wait4(pid, nil, unix.WNOHANG, nil); !errors.Is(err, unix.ECHILD) {
+		t.Errorf("logger pid %d not reaped once the exec ended: wait4 says %v", pid, err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/atomicfile"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/procfs"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 )
@@ -165,7 +166,9 @@ func writeMarker(path string) error {
 		return err
 	}
 	b, _ := json.Marshal(marker{Pid: os.Getpid(), StartTime: st})
-	if err := writeFileAtomic(path, b, 0o600); err != nil {
+	// A marker names a live shim process: after a power loss it names
+	// none, whatever it says, so only a whole file matters (synced data).
+	if err := atomicfile.WriteFile(path, b, atomicfile.Options{Perm: 0o600, Durability: atomicfile.SyncData}); err != nil {
 		return fmt.Errorf("write sandbox marker: %w", err)
 	}
 	return nil

@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"os"
 	"strings"
 	"testing"
 
@@ -78,7 +79,7 @@ func TestLoadConfig(t *testing.T) {
 	dir := t.TempDir()
 	write := func(body string) string {
 		p := dir + "/c.toml"
-		if err := writeFileAtomic(p, []byte(body), 0o644); err != nil {
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		return p

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/atomicfile"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 )
 
@@ -62,7 +63,10 @@ func writeRecord(bundle string, r *taskRecord) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(bundle, recordFile), b, 0o600)
+	// The data is synced, so a record that exists is whole. A power loss
+	// may still undo the rename (the previous record, or none, comes
+	// back); it also ends the VM the record describes.
+	return atomicfile.WriteFile(filepath.Join(bundle, recordFile), b, atomicfile.Options{Perm: 0o600, Durability: atomicfile.SyncData})
 }
 
 // readRecord returns the task's record, or nil when the shim never wrote
@@ -92,34 +96,4 @@ func removeRecord(bundle string) error {
 		return err
 	}
 	return nil
-}
-
-// writeFileAtomic writes data to path by write-temp, fsync, rename, so a
-// reader sees the old content or the new, never a torn file.
-func writeFileAtomic(path string, data []byte, perm os.FileMode) (retErr error) {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if retErr != nil {
-			_ = os.Remove(f.Name())
-		}
-	}()
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Chmod(perm); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), path)
 }

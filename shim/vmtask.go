@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	"github.com/kvm-shim/containerd-shim-kvm-v1/cgroup"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/taskio"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
 
@@ -68,7 +70,7 @@ func (t *vmTask) start(ctx context.Context) (int, error) {
 	if t.status != task.Status_CREATED {
 		return 0, fmt.Errorf("start %s: task is %s: %w", t.id, t.status, errdefs.ErrFailedPrecondition)
 	}
-	in, out, err := openStdio(ctx, t.stdio)
+	in, out, err := openStdio(ctx, t.stdio, t.id, t.rec.Namespace)
 	if err != nil {
 		return 0, err
 	}
@@ -77,14 +79,14 @@ func (t *vmTask) start(ctx context.Context) (int, error) {
 	// Start with vCPUs stopped and attach to the console first, so the
 	// first line the guest prints reaches stdout.
 	if err = t.h.conn.Start(name, true); err != nil {
-		closeAll(in, out)
+		closeStdio(in, out)
 		return 0, err
 	}
 	ph.mark("libvirt_create")
 	c, err := attachConsole(ctx, filepath.Join(t.rec.VMDir, "console.sock"), in, out)
 	if err != nil {
 		_ = t.h.conn.Destroy(name)
-		closeAll(in, out)
+		closeStdio(in, out)
 		return 0, err
 	}
 	ph.mark("console")
@@ -126,11 +128,13 @@ func (t *vmTask) start(ctx context.Context) (int, error) {
 	return pid, nil
 }
 
-func closeAll(cs ...interface{ Close() error }) {
-	for _, c := range cs {
-		if c != nil {
-			c.Close()
-		}
+// closeStdio closes what openStdio opened (either may be nil).
+func closeStdio(in io.Closer, out *taskio.Output) {
+	if in != nil {
+		_ = in.Close()
+	}
+	if out != nil {
+		_ = out.Close()
 	}
 }
 

@@ -54,6 +54,7 @@ type vmFixture struct {
 	bundle string
 	// cgroupsPath is the spec's linux.cgroupsPath ("" for no Linux section).
 	cgroupsPath string
+	stdio       stdio // the task's
 }
 
 func newVMFixture(t *testing.T) *vmFixture {
@@ -98,7 +99,8 @@ func (f *vmFixture) createSpec(spec *specs.Spec) (*vmTask, error) {
 		spec.Annotations = map[string]string{}
 	}
 	ident := vmIdentity{Namespace: "default", ContainerID: "vm1"}
-	vt, err := createVMTask(context.Background(), f.host, createRequest{id: "vm1", bundle: f.bundle, spec: spec}, ident, f.events.publish)
+	req := createRequest{id: "vm1", bundle: f.bundle, spec: spec, stdio: f.stdio}
+	vt, err := createVMTask(context.Background(), f.host, req, ident, f.events.publish)
 	if err == nil {
 		// Tests that never delete the task must not leave bind mounts
 		// under their temp dirs.

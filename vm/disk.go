@@ -16,6 +16,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/atomicfile"
 )
 
 // ImageInfo is what qemu-img reports about a base image.
@@ -287,24 +289,19 @@ func createOverlay(ctx context.Context, qemuImg, base string, origin OverlayOrig
 	return nil
 }
 
-// writeOrigin writes the origin file durably: a temporary file, synced,
-// renamed into place.
+// writeOrigin writes the origin file atomically.
 func writeOrigin(origin OverlayOrigin, overlay string) error {
 	b, err := json.Marshal(origin)
 	if err != nil {
 		return err
 	}
+	// Data synced before the rename, so the origin never names lost
+	// data; createOverlay syncs the directory once the overlay is
+	// renamed beside it. The fixed temporary name is one OverlayFiles
+	// lists, so a crash's leftover is cleaned up with the disk.
 	p := originPath(overlay)
-	tmp := p + ".tmp"
-	err = os.WriteFile(tmp, b, 0o600)
-	if err == nil {
-		err = syncFile(tmp)
-	}
-	if err == nil {
-		err = os.Rename(tmp, p)
-	}
+	err = atomicfile.WriteFile(p, b, atomicfile.Options{Perm: 0o600, Durability: atomicfile.SyncData, Temp: p + ".tmp"})
 	if err != nil {
-		_ = os.Remove(tmp)
 		return fmt.Errorf("record the origin of disk %s: %w", overlay, err)
 	}
 	return nil

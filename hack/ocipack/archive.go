@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/hack/internal/pack"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/atomicfile"
 )
 
 // Media types and annotation keys used in the archive.
@@ -362,7 +363,10 @@ func WriteArchive(out string, spec Spec) error {
 		return err
 	}
 
-	return pack.WriteFile(out, ".ocipack-out-*", 0o644, func(w io.Writer) error {
+	// Atomic, not synced: the build takes an output's existence for "up
+	// to date", so an interrupted build must not leave half an archive;
+	// after a power loss the archive is simply built again.
+	return atomicfile.Write(out, atomicfile.Options{Perm: 0o644, Durability: atomicfile.NoSync}, func(w io.Writer) error {
 		tw := tar.NewWriter(w)
 		add := func(name string, typ byte, size int64, body io.Reader) error {
 			hdr := &tar.Header{Name: name, Typeflag: typ, Size: size, Mode: 0o644, ModTime: mtime}

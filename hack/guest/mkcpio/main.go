@@ -26,6 +26,7 @@ import (
 	"strings"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/hack/internal/pack"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/atomicfile"
 )
 
 // File type bits of the cpio mode field.
@@ -193,7 +194,10 @@ func finish(entries []entry) ([]entry, error) {
 }
 
 func writeFile(out string, entries []entry, mtime uint32) error {
-	return pack.WriteFile(out, ".mkcpio-*", 0o644, func(w io.Writer) error {
+	// Atomic, not synced: the build takes an output's existence for "up
+	// to date", so an interrupted build must not leave half an archive;
+	// after a power loss the archive is simply built again.
+	return atomicfile.Write(out, atomicfile.Options{Perm: 0o644, Durability: atomicfile.NoSync}, func(w io.Writer) error {
 		bw := bufio.NewWriter(w)
 		zw, err := gzip.NewWriterLevel(bw, gzip.BestCompression)
 		if err != nil {

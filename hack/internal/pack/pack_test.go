@@ -1,46 +1,12 @@
 package pack
 
 import (
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 )
-
-func TestWriteFile(t *testing.T) {
-	dir := t.TempDir()
-	out := filepath.Join(dir, "out")
-	if err := WriteFile(out, ".t-*", 0o644, func(w io.Writer) error {
-		_, err := io.WriteString(w, "hello")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(out)
-	if err != nil || string(b) != "hello" {
-		t.Fatalf("read back %q, %v", b, err)
-	}
-	if fi, _ := os.Stat(out); fi.Mode().Perm() != 0o644 {
-		t.Errorf("mode %v, want 0644", fi.Mode())
-	}
-
-	failed := errors.New("failed")
-	if err := WriteFile(out, ".t-*", 0o644, func(w io.Writer) error {
-		_, _ = io.WriteString(w, "half")
-		return failed
-	}); !errors.Is(err, failed) {
-		t.Fatalf("err = %v, want the writer's", err)
-	}
-	if b, _ := os.ReadFile(out); string(b) != "hello" {
-		t.Errorf("a failed write changed the output to %q", b)
-	}
-	if names, _ := filepath.Glob(filepath.Join(dir, ".t-*")); len(names) != 0 {
-		t.Errorf("temporary files left: %v", names)
-	}
-}
 
 func TestCopyFile(t *testing.T) {
 	dir := t.TempDir()
