@@ -10,6 +10,8 @@ import (
 	"time"
 
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/faultpoint"
 )
 
 // TestFaultRunning is the "running" row of the fault table
@@ -264,8 +266,8 @@ func TestFaultStopInFlight(t *testing.T) {
 			}})
 		}
 		cells = append(cells,
-			inFlightCell{phase: "stopping", step: "stopping", component: "shim", kill: killHeldShim},
-			inFlightCell{phase: "stopping", step: "stopping", component: "qemu", kill: killQEMUHeld(c)})
+			inFlightCell{phase: "stopping", step: faultpoint.Stopping, component: "shim", kill: killHeldShim},
+			inFlightCell{phase: "stopping", step: faultpoint.Stopping, component: "qemu", kill: killQEMUHeld(c)})
 		for _, cell := range cells {
 			t.Run(cell.component, func(t *testing.T) {
 				c.cleanupAfter(t)

@@ -16,6 +16,7 @@ import (
 
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/faultpoint"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
 )
 
@@ -24,7 +25,7 @@ import (
 // StartContainer makes the task (the shim's Create) and starts it (the
 // shim's Start), and the task is deleted (the shim's Delete) as soon as
 // CRI sees the VM exit. The fault-injection build of the shim holds it at
-// one step of each (hold files, shim/faultpoint_inject.go), so each kill
+// one step of each (hold files, internal/faultpoint), so each kill
 // hits the call in flight, never by luck of timing; a cell whose call ends
 // before the shim is held fails.
 //
@@ -63,8 +64,10 @@ func TestFaultInFlight(t *testing.T) {
 // the shim once it is dead, containerd while it is down (the shim ends the
 // call with nobody to answer, as when containerd takes its time to restart).
 type inFlightCell struct {
-	phase, step, component string
-	kill                   func(t *testing.T, h *hold, held int, v *podContainer)
+	phase     string
+	step      faultpoint.Point
+	component string
+	kill      func(t *testing.T, h *hold, held int, v *podContainer)
 }
 
 // inFlightCells lists the cells: in each phase the shim (the held process
@@ -92,10 +95,13 @@ func inFlightCells(c *containerd) []inFlightCell {
 		}})
 	}
 	qemu := inFlightCell{component: "qemu", kill: killQEMUHeld(c)}
-	steps := []struct{ phase, step string }{
-		{"creating", "define"},
-		{"starting", "libvirt_create"},
-		{"deleting", "release_undefine"},
+	steps := []struct {
+		phase string
+		step  faultpoint.Point
+	}{
+		{"creating", faultpoint.Defined},
+		{"starting", faultpoint.LibvirtCreated},
+		{"deleting", faultpoint.ReleaseUndefine},
 	}
 	var cells []inFlightCell
 	for _, st := range steps {
@@ -326,15 +332,18 @@ func recoverDeadSandbox(t *testing.T, c *containerd, cl *criClient, v *podContai
 	return append(v.shimIDs(), again.shimIDs()...)
 }
 
-// hold makes the fault-injection shim of one containerd wait at a step
-// (shim/faultpoint_inject.go) while its hold file exists.
-type hold struct{ step, hold, held string }
+// hold makes the fault-injection shim of one containerd wait at a point
+// (internal/faultpoint) while its hold file exists.
+type hold struct {
+	step       faultpoint.Point
+	hold, held string
+}
 
 // holdShim holds c's shims at step until release; the files go at the end
 // of t whatever happened.
-func holdShim(t *testing.T, c *containerd, step string) *hold {
+func holdShim(t *testing.T, c *containerd, step faultpoint.Point) *hold {
 	t.Helper()
-	h := &hold{step: step, hold: filepath.Join(c.ShimStateDir, "hold-"+step), held: filepath.Join(c.ShimStateDir, "held-"+step)}
+	h := &hold{step: step, hold: faultpoint.HoldFile(c.ShimStateDir, step), held: faultpoint.HeldFile(c.ShimStateDir, step)}
 	if err := os.WriteFile(h.hold, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}

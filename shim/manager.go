@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/faultpoint"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
 
@@ -167,7 +168,7 @@ func (Manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 		return status, nil
 	}
 	status.Pid = rec.Pid
-	setFaultDir(rec.StateDir)
+	faultpoint.SetDir(rec.StateDir)
 	switch rec.Kind {
 	case kindSandbox:
 		if err := releaseSandbox(ctx, layout{root: rec.StateDir}, rec, false); err != nil {

@@ -28,6 +28,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/faultpoint"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
@@ -469,7 +470,7 @@ func (s *service) config(options *anypb.Any) (*Config, error) {
 		return nil, err
 	}
 	s.cfg = &cfg
-	setFaultDir(cfg.StateDir)
+	faultpoint.SetDir(cfg.StateDir)
 	return s.cfg, nil
 }
 

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/configdrive"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/faultpoint"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
@@ -309,6 +310,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	}
 	undo.add(func() { _ = h.conn.Undefine(name) })
 	ph.mark("define")
+	faultpoint.Hold(faultpoint.Defined)
 	if err := waitDrive(); err != nil {
 		return nil, err
 	}

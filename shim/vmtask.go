@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/cgroup"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/faultpoint"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/taskio"
@@ -83,6 +84,7 @@ func (t *vmTask) start(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	ph.mark("libvirt_create")
+	faultpoint.Hold(faultpoint.LibvirtCreated)
 	c, err := attachConsole(ctx, filepath.Join(t.rec.VMDir, "console.sock"), in, out)
 	if err != nil {
 		_ = t.h.conn.Destroy(name)
@@ -153,7 +155,7 @@ func (t *vmTask) kill(ctx context.Context, sig uint32) error {
 		}
 		// The fault tests kill QEMU or this shim here: a stop in flight,
 		// before the guest has begun to power off.
-		faultPoint("stopping")
+		faultpoint.Hold(faultpoint.Stopping)
 		reconnects := t.h.conn.Reconnects()
 		err = t.h.conn.Shutdown(t.rec.Domain)
 		if err == nil {
@@ -364,12 +366,11 @@ func releaseVM(ctx context.Context, conn domains, rec *taskRecord, bundle string
 					errs = append(errs, err)
 				}
 			}
-			faultPoint("release_undefine")
+			faultpoint.Hold(faultpoint.ReleaseUndefine)
 			errs = append(errs, conn.Undefine(rec.Domain))
 			errs = append(errs, removeFDSocket(rec))
 		}
 	}
-	faultPoint("release_files")
 	errs = append(errs, removeVMCgroup(rec))
 	errs = append(errs, teardownNetwork(rec.Network))
 	errs = append(errs, releaseNUMA(rec))

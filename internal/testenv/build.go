@@ -43,7 +43,7 @@ func BuildShim(repo, binDir, wrapperDir string) (wrapper string, err error) {
 }
 
 // BuildFaultShim builds the shim with the faultinject tag into out: the
-// variant that a fault test can hold at a named step (shim/faultpoint_inject.go).
+// variant that a fault test can hold at a named step (internal/faultpoint).
 // Only fault tests install it; everything else runs the shim that ships.
 func BuildFaultShim(repo, out string) error {
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
