@@ -36,6 +36,11 @@ type Hierarchies struct {
 	Unified string
 	// V1 maps each v1 controller of V1Controllers to its mount point.
 	V1 map[string]string
+
+	// fake marks a test's tree in a plain directory, where the files
+	// cgroupfs makes in every new group do not appear by themselves:
+	// writeFile creates them there. Never set outside this package's tests.
+	fake bool
 }
 
 // Version is 1 or 2.
@@ -215,7 +220,7 @@ func (g *Group) createV2() (bool, error) {
 	dir := g.h.Unified
 	elems := strings.Split(strings.TrimPrefix(g.Path, "/"), "/")
 	for _, e := range elems {
-		if err := writeFile(filepath.Join(dir, "cgroup.subtree_control"), enable); err != nil {
+		if err := g.h.writeFile(filepath.Join(dir, "cgroup.subtree_control"), enable); err != nil {
 			return false, fmt.Errorf("enable %s below %s: %w", strings.Join(V2Controllers, ", "), dir, err)
 		}
 		dir = filepath.Join(dir, e)
@@ -235,7 +240,7 @@ func (g *Group) createV2() (bool, error) {
 // had it), so a process should join before it allocates much.
 func (g *Group) Join(pid int) error {
 	for _, d := range g.Dirs() {
-		if err := writeFile(filepath.Join(d, "cgroup.procs"), strconv.Itoa(pid)); err != nil {
+		if err := g.h.writeFile(filepath.Join(d, "cgroup.procs"), strconv.Itoa(pid)); err != nil {
 			return fmt.Errorf("move pid %d into cgroup %s: %w", pid, d, err)
 		}
 	}
@@ -288,9 +293,9 @@ func (g *Group) Remove() error {
 // writeFile writes one value to a cgroup file that exists (cgroupfs
 // makes them; O_CREATE would only hide a wrong path), except that a fake
 // tree in tests may lack it.
-func writeFile(path, v string) error {
+func (h Hierarchies) writeFile(path, v string) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
-	if errors.Is(err, fs.ErrNotExist) && fakeTree {
+	if errors.Is(err, fs.ErrNotExist) && h.fake {
 		f, err = os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 	}
 	if err != nil {
@@ -314,6 +319,3 @@ func unixRmdir(d string) error {
 	}
 	return nil
 }
-
-// fakeTree lets writeFile create missing files: set by tests only.
-var fakeTree = false

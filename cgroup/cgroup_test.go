@@ -95,10 +95,8 @@ func TestCleanPath(t *testing.T) {
 // fakeV1 builds a v1 tree: one dir per controller under root.
 func fakeV1(t *testing.T) Hierarchies {
 	t.Helper()
-	fakeTree = true
-	t.Cleanup(func() { fakeTree = false })
 	root := t.TempDir()
-	h := Hierarchies{V1: map[string]string{}}
+	h := Hierarchies{V1: map[string]string{}, fake: true}
 	for _, c := range V1Controllers {
 		h.V1[c] = filepath.Join(root, c)
 		if err := os.Mkdir(h.V1[c], 0o755); err != nil {
@@ -170,10 +168,8 @@ func TestV1FakeTree(t *testing.T) {
 }
 
 func TestV2FakeTree(t *testing.T) {
-	fakeTree = true
-	t.Cleanup(func() { fakeTree = false })
 	root := t.TempDir()
-	h := Hierarchies{Unified: root}
+	h := Hierarchies{Unified: root, fake: true}
 	if err := os.MkdirAll(filepath.Join(root, "kubepods"), 0o755); err != nil {
 		t.Fatal(err)
 	}

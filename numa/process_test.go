@@ -26,7 +26,7 @@ const (
 	envRoot  = "NUMA_TEST_ROOT"  // fake sysfs tree
 	envState = "NUMA_TEST_STATE" // state file
 	envID    = "NUMA_TEST_ID"
-	envStage = "NUMA_TEST_STAGE" // crash role: testHook stage to die in
+	envStage = "NUMA_TEST_STAGE" // crash role: writeHook stage to die in
 )
 
 // The concurrency test's host is small and uneven so that thresholds and
@@ -285,7 +285,7 @@ func crashChild() {
 		}
 	}
 	stage := os.Getenv(envStage)
-	testHook = func(at string) {
+	s.writeHook = func(at string) {
 		if at == stage {
 			fmt.Println("STALLED")
 			time.Sleep(time.Hour)

@@ -47,6 +47,10 @@ type Store struct {
 	// does nothing but cost system calls; rename alone keeps every reader
 	// seeing the old or the new file.
 	volatile bool
+	// writeHook, when a test sets it, runs at named points of a write:
+	// "tmp-partial" (half the temporary file written) and "before-rename".
+	// nil in every store the shim opens.
+	writeHook func(stage string)
 }
 
 // holder is the process that reserved a placement whose domain libvirt
@@ -96,10 +100,6 @@ const (
 	reservationsKey = `,"reservations":[`
 	closingLine     = "]}"
 )
-
-// testHook, when set by a test, runs at named points of a write:
-// "tmp-partial" (half the temporary file written) and "before-rename".
-var testHook func(stage string)
 
 // OpenStore returns the store whose state file is path, for placing VMs
 // on t under p. It touches no file: the directory of path must exist
@@ -506,19 +506,19 @@ func (s *Store) writeLocked(st *rawState) error {
 		dur = atomicfile.NoSync
 	}
 	err = atomicfile.Write(s.path, atomicfile.Options{Perm: 0o600, Durability: dur, Temp: s.tmpPath}, func(w io.Writer) error {
-		if testHook != nil {
+		if s.writeHook != nil {
 			half := len(b) / 2
 			if _, werr := w.Write(b[:half]); werr != nil {
 				return werr
 			}
-			testHook("tmp-partial")
+			s.writeHook("tmp-partial")
 			b = b[half:]
 		}
 		if _, werr := w.Write(b); werr != nil {
 			return werr
 		}
-		if testHook != nil {
-			testHook("before-rename") // the temporary file is whole
+		if s.writeHook != nil {
+			s.writeHook("before-rename") // the temporary file is whole
 		}
 		return nil
 	})

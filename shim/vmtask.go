@@ -175,7 +175,7 @@ func (t *vmTask) kill(ctx context.Context, sig uint32) error {
 			return nil
 		}
 	}
-	if err != nil && t.qemuEnded(qemuEndWait) {
+	if err != nil && t.qemuEnded(t.h.qemuEndWait()) {
 		// QEMU died as the call reached its monitor, before libvirt had
 		// the domain shut off ("Unable to read from monitor: Connection
 		// reset by peer", the fault cell stopping/qemu): the process has

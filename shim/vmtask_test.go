@@ -469,9 +469,8 @@ func TestVMTaskPowerOffWhileLibvirtdAwayEndsAfterTheReconnect(t *testing.T) {
 // QEMU gone and libvirt never saying so (it stays away past exitSettle)
 // is recorded as the crash libvirtd reports when it finds QEMU gone.
 func TestVMTaskExitWhenLibvirtNeverSettles(t *testing.T) {
-	defer func(d time.Duration) { exitSettle = d }(exitSettle)
-	exitSettle = 300 * time.Millisecond
 	f := newVMFixture(t)
+	f.host.exitTiming.settle = 300 * time.Millisecond
 	vt := f.started()
 	f.fake.qemuGone(vt.rec.Domain)
 	if got := waitExit(t, vt); got != vm.ExitFailed {
