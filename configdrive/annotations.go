@@ -14,18 +14,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/crypto/ssh"
-)
 
-// Annotation keys read by FromAnnotations (see the package documentation).
-const (
-	AnnotationPrefix = "kvm.containerd.io/"
-
-	AnnotationUserData       = AnnotationPrefix + "user-data"
-	AnnotationUserDataBase64 = AnnotationPrefix + "user-data-base64"
-	AnnotationSSHKeys        = AnnotationPrefix + "ssh-authorized-keys"
-	AnnotationMetadata       = AnnotationPrefix + "metadata"
-	AnnotationFormat         = AnnotationPrefix + "config-drive-format"
-	AnnotationEnabled        = AnnotationPrefix + "config-drive"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
 )
 
 // Limits enforced by FromAnnotations and Build.
@@ -79,24 +69,24 @@ type Options struct {
 }
 
 // FromAnnotations reads Options from pod annotations (keys under
-// AnnotationPrefix; other keys are ignored). defaultFormat applies when the
+// annotations.Prefix; other keys are ignored). defaultFormat applies when the
 // format annotation is absent or empty. Every error wraps
 // errdefs.ErrInvalidArgument and names the annotation.
 func FromAnnotations(ann map[string]string, defaultFormat Format) (Options, error) {
 	var o Options
 	var err error
 
-	if v, ok := ann[AnnotationEnabled]; ok {
+	if v, ok := ann[annotations.ConfigDrive]; ok {
 		enabled, perr := strconv.ParseBool(strings.TrimSpace(v))
 		if perr != nil {
-			return Options{}, annotationError(AnnotationEnabled, "%q is not true or false", v)
+			return Options{}, annotationError(annotations.ConfigDrive, "%q is not true or false", v)
 		}
 		o.Disabled = !enabled
 	}
 
-	if format := strings.TrimSpace(ann[AnnotationFormat]); format != "" {
+	if format := strings.TrimSpace(ann[annotations.ConfigDriveFormat]); format != "" {
 		if o.Format, err = ParseFormat(format); err != nil {
-			return Options{}, annotationError(AnnotationFormat, "%q is not %q or %q", format, FormatVFAT, FormatISO9660)
+			return Options{}, annotationError(annotations.ConfigDriveFormat, "%q is not %q or %q", format, FormatVFAT, FormatISO9660)
 		}
 	} else if o.Format, err = ParseFormat(string(defaultFormat)); err != nil {
 		return Options{}, fmt.Errorf("default %w", err)
@@ -106,15 +96,15 @@ func FromAnnotations(ann map[string]string, defaultFormat Format) (Options, erro
 		return Options{}, err
 	}
 
-	if v := ann[AnnotationSSHKeys]; v != "" {
+	if v := ann[annotations.SSHAuthorizedKeys]; v != "" {
 		if o.PublicKeys, err = ParseAuthorizedKeys(v); err != nil {
-			return Options{}, fmt.Errorf("annotation %s: %w", AnnotationSSHKeys, err)
+			return Options{}, fmt.Errorf("annotation %s: %w", annotations.SSHAuthorizedKeys, err)
 		}
 	}
 
-	if v, ok := ann[AnnotationMetadata]; ok && strings.TrimSpace(v) != "" {
+	if v, ok := ann[annotations.Metadata]; ok && strings.TrimSpace(v) != "" {
 		if o.Meta, err = parseMeta(v); err != nil {
-			return Options{}, fmt.Errorf("annotation %s: %w", AnnotationMetadata, err)
+			return Options{}, fmt.Errorf("annotation %s: %w", annotations.Metadata, err)
 		}
 	}
 	return o, nil
@@ -125,15 +115,15 @@ func annotationError(key, format string, args ...any) error {
 }
 
 func userDataFrom(ann map[string]string) ([]byte, error) {
-	plain, hasPlain := ann[AnnotationUserData]
-	b64, hasB64 := ann[AnnotationUserDataBase64]
+	plain, hasPlain := ann[annotations.UserData]
+	b64, hasB64 := ann[annotations.UserDataBase64]
 	if hasPlain && hasB64 && plain != "" && b64 != "" {
-		return nil, annotationError(AnnotationUserDataBase64, "give user-data either as %s or as %s, not both",
-			AnnotationUserData, AnnotationUserDataBase64)
+		return nil, annotationError(annotations.UserDataBase64, "give user-data either as %s or as %s, not both",
+			annotations.UserData, annotations.UserDataBase64)
 	}
 	if plain != "" {
 		if len(plain) > MaxUserData {
-			return nil, annotationError(AnnotationUserData, "user-data is %d bytes, more than the limit of %d",
+			return nil, annotationError(annotations.UserData, "user-data is %d bytes, more than the limit of %d",
 				len(plain), MaxUserData)
 		}
 		return []byte(plain), nil
@@ -149,7 +139,7 @@ func userDataFrom(ann map[string]string) ([]byte, error) {
 		return r
 	}, b64)
 	if len(compact) > (MaxUserData+2)/3*4 {
-		return nil, annotationError(AnnotationUserDataBase64, "user-data is more than the limit of %d bytes", MaxUserData)
+		return nil, annotationError(annotations.UserDataBase64, "user-data is more than the limit of %d bytes", MaxUserData)
 	}
 	enc := base64.StdEncoding
 	if len(compact)%4 != 0 {
@@ -157,10 +147,10 @@ func userDataFrom(ann map[string]string) ([]byte, error) {
 	}
 	data, err := enc.Strict().DecodeString(compact)
 	if err != nil {
-		return nil, annotationError(AnnotationUserDataBase64, "not valid base64: %v", err)
+		return nil, annotationError(annotations.UserDataBase64, "not valid base64: %v", err)
 	}
 	if len(data) > MaxUserData {
-		return nil, annotationError(AnnotationUserDataBase64, "user-data is %d bytes, more than the limit of %d",
+		return nil, annotationError(annotations.UserDataBase64, "user-data is %d bytes, more than the limit of %d",
 			len(data), MaxUserData)
 	}
 	if len(data) == 0 {

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
 )
 
 func TestFromAnnotations(t *testing.T) {
@@ -41,74 +43,76 @@ func TestFromAnnotations(t *testing.T) {
 				t.Errorf("format = %q", o.Format)
 			}
 		}},
-		{name: "format annotation wins", ann: map[string]string{AnnotationFormat: " vfat "}, def: FormatISO9660,
+		{name: "format annotation wins", ann: map[string]string{annotations.ConfigDriveFormat: " vfat "}, def: FormatISO9660,
 			check: func(t *testing.T, o Options) {
 				if o.Format != FormatVFAT {
 					t.Errorf("format = %q", o.Format)
 				}
 			}},
-		{name: "unknown format", ann: map[string]string{AnnotationFormat: "ext4"}, wantErr: AnnotationFormat},
-		{name: "upper case format", ann: map[string]string{AnnotationFormat: "VFAT"}, wantErr: AnnotationFormat},
+		{name: "unknown format", ann: map[string]string{annotations.ConfigDriveFormat: "ext4"}, wantErr: annotations.ConfigDriveFormat},
+		{name: "upper case format", ann: map[string]string{annotations.ConfigDriveFormat: "VFAT"}, wantErr: annotations.ConfigDriveFormat},
 		{name: "bad default format", def: Format("ntfs"), wantErr: `default config drive format "ntfs"`},
-		{name: "disabled", ann: map[string]string{AnnotationEnabled: "false"}, check: func(t *testing.T, o Options) {
+		{name: "disabled", ann: map[string]string{annotations.ConfigDrive: "false"}, check: func(t *testing.T, o Options) {
 			if !o.Disabled {
 				t.Error("not disabled")
 			}
 		}},
-		{name: "enabled", ann: map[string]string{AnnotationEnabled: "true"}, check: func(t *testing.T, o Options) {
+		{name: "enabled", ann: map[string]string{annotations.ConfigDrive: "true"}, check: func(t *testing.T, o Options) {
 			if o.Disabled {
 				t.Error("disabled")
 			}
 		}},
-		{name: "enabled not a bool", ann: map[string]string{AnnotationEnabled: "maybe"}, wantErr: AnnotationEnabled},
-		{name: "plain user-data", ann: map[string]string{AnnotationUserData: "#cloud-config\nhostname: x\n"},
+		{name: "enabled not a bool", ann: map[string]string{annotations.ConfigDrive: "maybe"}, wantErr: annotations.ConfigDrive},
+		{name: "plain user-data", ann: map[string]string{annotations.UserData: "#cloud-config\nhostname: x\n"},
 			check: func(t *testing.T, o Options) {
 				if string(o.UserData) != "#cloud-config\nhostname: x\n" {
 					t.Errorf("user-data = %q", o.UserData)
 				}
 			}},
-		{name: "plain user-data at the limit", ann: map[string]string{AnnotationUserData: atLimit}, check: func(t *testing.T, o Options) {
+		{name: "plain user-data at the limit", ann: map[string]string{annotations.UserData: atLimit}, check: func(t *testing.T, o Options) {
 			if len(o.UserData) != MaxUserData {
 				t.Errorf("user-data is %d bytes", len(o.UserData))
 			}
 		}},
-		{name: "plain user-data over the limit", ann: map[string]string{AnnotationUserData: overLimit}, wantErr: AnnotationUserData +
+		{name: "plain user-data over the limit", ann: map[string]string{annotations.UserData: overLimit}, wantErr: annotations.UserData +
 			": user-data is 65537 bytes"},
-		{name: "base64 user-data", ann: map[string]string{AnnotationUserDataBase64: base64.StdEncoding.EncodeToString([]byte("\x00binary\xff"))},
+		{name: "base64 user-data",
+			ann: map[string]string{annotations.UserDataBase64: base64.StdEncoding.EncodeToString([]byte("\x00binary\xff"))},
 			check: func(t *testing.T, o Options) {
 				if string(o.UserData) != "\x00binary\xff" {
 					t.Errorf("user-data = %q", o.UserData)
 				}
 			}},
-		{name: "base64 user-data wrapped and unpadded", ann: map[string]string{AnnotationUserDataBase64: "aGVs\nbG8\n"},
+		{name: "base64 user-data wrapped and unpadded", ann: map[string]string{annotations.UserDataBase64: "aGVs\nbG8\n"},
 			check: func(t *testing.T, o Options) {
 				if string(o.UserData) != "hello" {
 					t.Errorf("user-data = %q", o.UserData)
 				}
 			}},
 		{name: "base64 user-data at the limit",
-			ann: map[string]string{AnnotationUserDataBase64: base64.StdEncoding.EncodeToString([]byte(atLimit))}, check: func(t *testing.T,
+			ann: map[string]string{annotations.UserDataBase64: base64.StdEncoding.EncodeToString([]byte(atLimit))}, check: func(t *testing.T,
 				o Options) {
 				if len(o.UserData) != MaxUserData {
 					t.Errorf("user-data is %d bytes", len(o.UserData))
 				}
 			}},
 		{name: "base64 user-data over the limit",
-			ann:     map[string]string{AnnotationUserDataBase64: base64.StdEncoding.EncodeToString([]byte(overLimit))},
-			wantErr: AnnotationUserDataBase64},
-		{name: "base64 user-data far over the limit", ann: map[string]string{AnnotationUserDataBase64: strings.Repeat("QUFB", 1<<20)},
-			wantErr: AnnotationUserDataBase64},
-		{name: "bad base64", ann: map[string]string{AnnotationUserDataBase64: "not base64!"}, wantErr: AnnotationUserDataBase64 +
+			ann:     map[string]string{annotations.UserDataBase64: base64.StdEncoding.EncodeToString([]byte(overLimit))},
+			wantErr: annotations.UserDataBase64},
+		{name: "base64 user-data far over the limit", ann: map[string]string{annotations.UserDataBase64: strings.Repeat("QUFB", 1<<20)},
+			wantErr: annotations.UserDataBase64},
+		{name: "bad base64", ann: map[string]string{annotations.UserDataBase64: "not base64!"}, wantErr: annotations.UserDataBase64 +
 			": not valid base64"},
-		{name: "both user-data forms", ann: map[string]string{AnnotationUserData: "a", AnnotationUserDataBase64: "YQ=="}, wantErr: "not both"},
-		{name: "empty plain with base64", ann: map[string]string{AnnotationUserData: "", AnnotationUserDataBase64: "YQ=="},
+		{name: "both user-data forms", ann: map[string]string{annotations.UserData: "a", annotations.UserDataBase64: "YQ=="},
+			wantErr: "not both"},
+		{name: "empty plain with base64", ann: map[string]string{annotations.UserData: "", annotations.UserDataBase64: "YQ=="},
 			check: func(t *testing.T, o Options) {
 				if string(o.UserData) != "a" {
 					t.Errorf("user-data = %q", o.UserData)
 				}
 			}},
 		{name: "keys",
-			ann: map[string]string{AnnotationSSHKeys: "# team keys\r\n" + testKeyEd25519 + "\r\n\n" + testKeyRSA + "\n" + testKeyRSA +
+			ann: map[string]string{annotations.SSHAuthorizedKeys: "# team keys\r\n" + testKeyEd25519 + "\r\n\n" + testKeyRSA + "\n" + testKeyRSA +
 				" alice@example\n"},
 			check: func(t *testing.T, o Options) {
 				want := map[string]string{
@@ -120,44 +124,47 @@ func TestFromAnnotations(t *testing.T) {
 					t.Errorf("keys = %v\nwant %v", o.PublicKeys, want)
 				}
 			}},
-		{name: "key name collides with key-N", ann: map[string]string{AnnotationSSHKeys: testKeyRSA + " key-2\n" + testKeyRSA},
+		{name: "key name collides with key-N", ann: map[string]string{annotations.SSHAuthorizedKeys: testKeyRSA + " key-2\n" + testKeyRSA},
 			check: func(t *testing.T, o Options) {
 				if len(o.PublicKeys) != 2 {
 					t.Errorf("keys = %v, want 2", o.PublicKeys)
 				}
 			}},
-		{name: "bad key", ann: map[string]string{AnnotationSSHKeys: testKeyEd25519 + "\nssh-rsa AAAAnotakey user"}, wantErr: AnnotationSSHKeys +
-			": line 2: not an OpenSSH public key"},
-		{name: "truncated key", ann: map[string]string{AnnotationSSHKeys: testKeyEd25519[:60]}, wantErr: AnnotationSSHKeys},
-		{name: "private key", ann: map[string]string{AnnotationSSHKeys: "-----BEGIN OPENSSH PRIVATE KEY-----"}, wantErr: AnnotationSSHKeys},
-		{name: "key with options", ann: map[string]string{AnnotationSSHKeys: `command="/bin/sh -c 'rm -rf /'" ` + testKeyEd25519},
+		{name: "bad key", ann: map[string]string{annotations.SSHAuthorizedKeys: testKeyEd25519 + "\nssh-rsa AAAAnotakey user"},
+			wantErr: annotations.SSHAuthorizedKeys +
+				": line 2: not an OpenSSH public key"},
+		{name: "truncated key", ann: map[string]string{annotations.SSHAuthorizedKeys: testKeyEd25519[:60]},
+			wantErr: annotations.SSHAuthorizedKeys},
+		{name: "private key", ann: map[string]string{annotations.SSHAuthorizedKeys: "-----BEGIN OPENSSH PRIVATE KEY-----"},
+			wantErr: annotations.SSHAuthorizedKeys},
+		{name: "key with options", ann: map[string]string{annotations.SSHAuthorizedKeys: `command="/bin/sh -c 'rm -rf /'" ` + testKeyEd25519},
 			wantErr: "options are not supported"},
-		{name: "key with control characters", ann: map[string]string{AnnotationSSHKeys: testKeyEd25519 + "\x1b[31m"},
+		{name: "key with control characters", ann: map[string]string{annotations.SSHAuthorizedKeys: testKeyEd25519 + "\x1b[31m"},
 			wantErr: "control characters"},
-		{name: "too many keys", ann: map[string]string{AnnotationSSHKeys: manyKeys}, wantErr: "more than 128 keys"},
-		{name: "only comments", ann: map[string]string{AnnotationSSHKeys: "# nothing\n\n"}, check: func(t *testing.T, o Options) {
+		{name: "too many keys", ann: map[string]string{annotations.SSHAuthorizedKeys: manyKeys}, wantErr: "more than 128 keys"},
+		{name: "only comments", ann: map[string]string{annotations.SSHAuthorizedKeys: "# nothing\n\n"}, check: func(t *testing.T, o Options) {
 			if o.PublicKeys != nil {
 				t.Errorf("keys = %v", o.PublicKeys)
 			}
 		}},
-		{name: "metadata", ann: map[string]string{AnnotationMetadata: `{"a": "1", "b": "", "ü": "ß"}`}, check: func(t *testing.T, o Options) {
+		{name: "metadata", ann: map[string]string{annotations.Metadata: `{"a": "1", "b": "", "ü": "ß"}`}, check: func(t *testing.T, o Options) {
 			if len(o.Meta) != 3 || o.Meta["a"] != "1" || o.Meta["ü"] != "ß" {
 				t.Errorf("meta = %v", o.Meta)
 			}
 		}},
-		{name: "metadata not an object", ann: map[string]string{AnnotationMetadata: `["a"]`}, wantErr: AnnotationMetadata +
+		{name: "metadata not an object", ann: map[string]string{annotations.Metadata: `["a"]`}, wantErr: annotations.Metadata +
 			": not a JSON object"},
-		{name: "metadata null", ann: map[string]string{AnnotationMetadata: `null`}, wantErr: AnnotationMetadata},
-		{name: "metadata string", ann: map[string]string{AnnotationMetadata: `"a"`}, wantErr: AnnotationMetadata},
-		{name: "metadata number value", ann: map[string]string{AnnotationMetadata: `{"a": 1}`}, wantErr: `value of "a" is not a string`},
-		{name: "metadata nested", ann: map[string]string{AnnotationMetadata: `{"a": {"b": "c"}}`}, wantErr: AnnotationMetadata},
-		{name: "metadata trailing data", ann: map[string]string{AnnotationMetadata: `{"a": "b"} {}`}, wantErr: "data after the object"},
-		{name: "metadata broken", ann: map[string]string{AnnotationMetadata: `{"a": `}, wantErr: AnnotationMetadata},
-		{name: "metadata empty key", ann: map[string]string{AnnotationMetadata: `{"": "x"}`}, wantErr: "empty key"},
-		{name: "metadata long value", ann: map[string]string{AnnotationMetadata: `{"a": "` + strings.Repeat("v", 256) + `"}`},
+		{name: "metadata null", ann: map[string]string{annotations.Metadata: `null`}, wantErr: annotations.Metadata},
+		{name: "metadata string", ann: map[string]string{annotations.Metadata: `"a"`}, wantErr: annotations.Metadata},
+		{name: "metadata number value", ann: map[string]string{annotations.Metadata: `{"a": 1}`}, wantErr: `value of "a" is not a string`},
+		{name: "metadata nested", ann: map[string]string{annotations.Metadata: `{"a": {"b": "c"}}`}, wantErr: annotations.Metadata},
+		{name: "metadata trailing data", ann: map[string]string{annotations.Metadata: `{"a": "b"} {}`}, wantErr: "data after the object"},
+		{name: "metadata broken", ann: map[string]string{annotations.Metadata: `{"a": `}, wantErr: annotations.Metadata},
+		{name: "metadata empty key", ann: map[string]string{annotations.Metadata: `{"": "x"}`}, wantErr: "empty key"},
+		{name: "metadata long value", ann: map[string]string{annotations.Metadata: `{"a": "` + strings.Repeat("v", 256) + `"}`},
 			wantErr: "more than the limit of 255"},
-		{name: "metadata too many", ann: map[string]string{AnnotationMetadata: bigMeta}, wantErr: "more than the limit of 128"},
-		{name: "metadata blank", ann: map[string]string{AnnotationMetadata: "  "}, check: func(t *testing.T, o Options) {
+		{name: "metadata too many", ann: map[string]string{annotations.Metadata: bigMeta}, wantErr: "more than the limit of 128"},
+		{name: "metadata blank", ann: map[string]string{annotations.Metadata: "  "}, check: func(t *testing.T, o Options) {
 			if o.Meta != nil {
 				t.Errorf("meta = %v", o.Meta)
 			}
@@ -175,7 +182,7 @@ func TestFromAnnotations(t *testing.T) {
 				if !strings.Contains(err.Error(), tc.wantErr) {
 					t.Errorf("error %q does not contain %q", err, tc.wantErr)
 				}
-				if !strings.Contains(err.Error(), AnnotationPrefix) && tc.def == "" {
+				if !strings.Contains(err.Error(), annotations.Prefix) && tc.def == "" {
 					t.Errorf("error %q does not name the annotation", err)
 				}
 				return

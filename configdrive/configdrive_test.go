@@ -13,6 +13,8 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -64,9 +66,9 @@ const testUserData = "#!/bin/sh\necho configdrive-user-data-ran > /run/configdri
 func testOptions(t testing.TB) Options {
 	t.Helper()
 	o, err := FromAnnotations(map[string]string{
-		AnnotationUserData: testUserData,
-		AnnotationSSHKeys:  testKeyEd25519 + "\n\n# a comment\n" + testKeyRSA + "\n",
-		AnnotationMetadata: `{"role": "web", "team": "blue"}`,
+		annotations.UserData:          testUserData,
+		annotations.SSHAuthorizedKeys: testKeyEd25519 + "\n\n# a comment\n" + testKeyRSA + "\n",
+		annotations.Metadata:          `{"role": "web", "team": "blue"}`,
 	}, FormatVFAT)
 	if err != nil {
 		t.Fatal(err)

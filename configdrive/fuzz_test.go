@@ -9,6 +9,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/crypto/ssh"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
 )
 
 // FuzzAnnotations drives the annotation → meta_data.json path with
@@ -33,8 +35,8 @@ func FuzzAnnotations(f *testing.F) {
 	f.Fuzz(func(t *testing.T, userData, userDataB64, keys, metadata, format, enabled string) {
 		ann := map[string]string{}
 		for k, v := range map[string]string{
-			AnnotationUserData: userData, AnnotationUserDataBase64: userDataB64, AnnotationSSHKeys: keys,
-			AnnotationMetadata: metadata, AnnotationFormat: format, AnnotationEnabled: enabled,
+			annotations.UserData: userData, annotations.UserDataBase64: userDataB64, annotations.SSHAuthorizedKeys: keys,
+			annotations.Metadata: metadata, annotations.ConfigDriveFormat: format, annotations.ConfigDrive: enabled,
 		} {
 			if v != "" {
 				ann[k] = v
@@ -45,7 +47,7 @@ func FuzzAnnotations(f *testing.F) {
 			if !errors.Is(err, errdefs.ErrInvalidArgument) {
 				t.Fatalf("error is not InvalidArgument: %v", err)
 			}
-			if !strings.Contains(err.Error(), "annotation "+AnnotationPrefix) {
+			if !strings.Contains(err.Error(), "annotation "+annotations.Prefix) {
 				t.Fatalf("error does not name an annotation: %v", err)
 			}
 			return

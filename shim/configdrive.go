@@ -12,6 +12,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/configdrive"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
@@ -77,7 +78,7 @@ func planConfigDrive(ctx context.Context, h *host, ident vmIdentity, vmDir strin
 	if len(meta) > configdrive.MaxMetaEntries {
 		slices.Sort(added)
 		return nil, nil, fmt.Errorf("annotation %s: its %d entries and the %d the shim adds (%s) are more than the limit of %d: %w",
-			configdrive.AnnotationMetadata, len(opts.Meta), len(added), strings.Join(added,
+			annotations.Metadata, len(opts.Meta), len(added), strings.Join(added,
 				", "), configdrive.MaxMetaEntries, errdefs.ErrInvalidArgument)
 	}
 	opts.Meta = meta

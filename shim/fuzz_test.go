@@ -11,6 +11,7 @@ import (
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 )
 
@@ -39,8 +40,8 @@ func FuzzPodAnnotations(f *testing.F) {
 	f.Fuzz(func(t *testing.T, vcpusA, memoryA, cmdlineA, numaA, maxA, disksA string) {
 		ann := map[string]string{}
 		for k, v := range map[string]string{
-			AnnotationVCPUs: vcpusA, AnnotationMemory: memoryA, AnnotationKernelCmdline: cmdlineA,
-			AnnotationNUMAMode: numaA, AnnotationMaxVCPUs: maxA, AnnotationDiskImages: disksA,
+			annotations.VCPUs: vcpusA, annotations.Memory: memoryA, annotations.KernelCmdline: cmdlineA,
+			annotations.NUMAMode: numaA, annotations.MaxVCPUs: maxA, annotations.DiskImages: disksA,
 		} {
 			if v != "" {
 				ann[k] = v
@@ -60,13 +61,13 @@ func FuzzPodAnnotations(f *testing.F) {
 
 		vcpus, memoryMiB, err := vmSize(spec, cfg)
 		if err != nil {
-			_, v := ann[AnnotationVCPUs]
-			_, m := ann[AnnotationMemory]
+			_, v := ann[annotations.VCPUs]
+			_, m := ann[annotations.Memory]
 			switch {
-			case v && strings.Contains(err.Error(), AnnotationVCPUs):
-				refused(err, AnnotationVCPUs)
+			case v && strings.Contains(err.Error(), annotations.VCPUs):
+				refused(err, annotations.VCPUs)
 			case m:
-				refused(err, AnnotationMemory)
+				refused(err, annotations.Memory)
 			default:
 				t.Fatalf("vmSize refused without a sizing annotation: %v", err)
 			}
@@ -79,14 +80,14 @@ func FuzzPodAnnotations(f *testing.F) {
 
 		cmdline, err := kernelCmdline(spec, cfg)
 		if err != nil {
-			refused(err, AnnotationKernelCmdline)
+			refused(err, annotations.KernelCmdline)
 		} else if len(cmdline) > maxKernelCmdline || strings.ContainsAny(cmdline, "\x00\r\n") {
 			t.Fatalf("kernel command line %q accepted", cmdline)
 		}
 
 		mode, err := numaMode(spec, cfg)
 		if err != nil {
-			refused(err, AnnotationNUMAMode)
+			refused(err, annotations.NUMAMode)
 			mode = numa.ModeNode
 		} else if mode != numa.ModeNode && mode != numa.ModeDedicated && mode != numa.ModeNone {
 			t.Fatalf("NUMA mode %q accepted", mode)
@@ -95,7 +96,7 @@ func FuzzPodAnnotations(f *testing.F) {
 		maxVCPUs, err := hotplugMaxVCPUs(spec, cfg, vcpus, mode)
 		switch {
 		case err != nil:
-			refused(err, AnnotationMaxVCPUs)
+			refused(err, annotations.MaxVCPUs)
 		case maxVCPUs < vcpus || maxVCPUs > cfg.MaxVCPUs:
 			t.Fatalf("max vCPUs %d for %d vCPUs accepted", maxVCPUs, vcpus)
 		case mode == numa.ModeDedicated && maxVCPUs != vcpus:
@@ -104,7 +105,7 @@ func FuzzPodAnnotations(f *testing.F) {
 
 		sizes, err := diskImageSizes(spec)
 		if err != nil {
-			refused(err, AnnotationDiskImages)
+			refused(err, annotations.DiskImages)
 			return
 		}
 		for p, size := range sizes {

@@ -9,12 +9,9 @@ import (
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 )
-
-// AnnotationMaxMemory sets how much memory (MiB) a VM may grow to while it
-// runs: a whole number from its memory to max_memory_mib.
-const AnnotationMaxMemory = "kvm.containerd.io/max-memory-mib"
 
 // memoryPlugTimeout is how long a resize waits for the guest to plug or
 // unplug the memory asked of it before it puts the old size back. Under
@@ -25,7 +22,7 @@ const memoryPlugTimeout = 20 * time.Second
 // annotation, else the config's hotplug_max_memory_mib, never below
 // memMiB. A dedicated VM's reservation cannot change live.
 func hotplugMaxMemoryMiB(spec *specs.Spec, cfg Config, memMiB int, mode numa.Mode) (int, error) {
-	return hotplugMax(spec, hotplugLimit{AnnotationMaxMemory, "MiB", "max_memory_mib", cfg.MaxMemoryMiB, cfg.HotplugMaxMemoryMiB}, memMiB,
+	return hotplugMax(spec, hotplugLimit{annotations.MaxMemoryMiB, "MiB", "max_memory_mib", cfg.MaxMemoryMiB, cfg.HotplugMaxMemoryMiB}, memMiB,
 		mode)
 }
 
@@ -52,7 +49,7 @@ func (m memorySize) checkMemory(id string, memMiB int) error {
 	case memMiB > m.maxMiB:
 		return fmt.Errorf("resize %s: linux.resources.memory.limit asks for %d MiB of guest memory, more than the %d MiB the VM may grow to "+
 			"(annotation %s, config hotplug_max_memory_mib): %w",
-			id, memMiB, m.maxMiB, AnnotationMaxMemory, errdefs.ErrInvalidArgument)
+			id, memMiB, m.maxMiB, annotations.MaxMemoryMiB, errdefs.ErrInvalidArgument)
 	case memMiB < m.bootMiB:
 		return fmt.Errorf("resize %s: linux.resources.memory.limit asks for %d MiB of guest memory, below the %d MiB the guest booted with, "+
 			"which it cannot give back (recreate the container): %w",

@@ -8,6 +8,7 @@ import (
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 )
 
@@ -37,11 +38,11 @@ func TestHotplugMaxMemoryMiB(t *testing.T) {
 	} {
 		spec := &specs.Spec{Annotations: map[string]string{}}
 		if c.ann != "" {
-			spec.Annotations[AnnotationMaxMemory] = c.ann
+			spec.Annotations[annotations.MaxMemoryMiB] = c.ann
 		}
 		got, err := hotplugMaxMemoryMiB(spec, cfg, c.mem, c.mode)
 		if c.bad {
-			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), AnnotationMaxMemory) {
+			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), annotations.MaxMemoryMiB) {
 				t.Errorf("%q: %v, want InvalidArgument naming the annotation", c.ann, err)
 			}
 			continue
@@ -63,7 +64,7 @@ func TestHotplugMaxMemoryMiB(t *testing.T) {
 func memVM(t *testing.T) (*vmFixture, *vmTask) {
 	f := newVMFixture(t)
 	f.kernelRootfs()
-	vt, err := f.create(map[string]string{AnnotationMaxMemory: "1536"})
+	vt, err := f.create(map[string]string{annotations.MaxMemoryMiB: "1536"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/configdrive"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
@@ -271,9 +272,9 @@ func guestNetworkPath(ctx context.Context, pn netfd.PodNetwork, dns []netip.Addr
 	case src.Kernel != "" && set.drive.Disabled:
 		return fmt.Errorf("annotation %s=false: a direct-boot guest without a config drive gets its network from the kernel's ip=, which "+
 			"cannot express this pod's network (%s): %w",
-			configdrive.AnnotationEnabled, why, errdefs.ErrInvalidArgument)
+			annotations.ConfigDrive, why, errdefs.ErrInvalidArgument)
 	case src.Kernel == "" && set.drive.Disabled:
-		log.G(ctx).WithField("vm", ident.DomainName()).Warn("no config drive (annotation " + configdrive.AnnotationEnabled +
+		log.G(ctx).WithField("vm", ident.DomainName()).Warn("no config drive (annotation " + annotations.ConfigDrive +
 			"=false): the guest gets no network configuration from the shim and must find its addresses itself")
 	}
 	return nil

@@ -12,14 +12,10 @@ import (
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
-
-// AnnotationNUMAMode chooses a VM's placement: "node" (one NUMA node,
-// vCPUs float over its CPUs), "dedicated" (exclusive host CPUs, one per
-// vCPU) or "none". The default is the config's numa_mode.
-const AnnotationNUMAMode = "kvm.containerd.io/numa-mode"
 
 // numaOwner names a reservation: the domain and the container, so the
 // cleanup of an old container never releases its successor's placement.
@@ -91,13 +87,13 @@ func livePlacements(ctx context.Context, doms map[string]vm.Metadata) []numa.Pla
 }
 
 func numaMode(spec *specs.Spec, cfg Config) (numa.Mode, error) {
-	v, ok := spec.Annotations[AnnotationNUMAMode]
+	v, ok := spec.Annotations[annotations.NUMAMode]
 	if !ok {
 		v = cfg.NUMAMode
 	}
 	m, err := numa.ParseMode(strings.TrimSpace(v))
 	if err != nil {
-		return "", fmt.Errorf("annotation %s: %w", AnnotationNUMAMode, err)
+		return "", fmt.Errorf("annotation %s: %w", annotations.NUMAMode, err)
 	}
 	return m, nil
 }

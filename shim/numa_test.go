@@ -8,6 +8,7 @@ import (
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 )
 
@@ -35,8 +36,8 @@ func TestNUMAModeAndHugePages(t *testing.T) {
 	if m, err := numaMode(&specs.Spec{}, cfg); err != nil || m != numa.ModeNode {
 		t.Errorf("default: %v, %v", m, err)
 	}
-	s := &specs.Spec{Annotations: map[string]string{AnnotationNUMAMode: "fast"}}
-	if _, err := numaMode(s, cfg); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), AnnotationNUMAMode) {
+	s := &specs.Spec{Annotations: map[string]string{annotations.NUMAMode: "fast"}}
+	if _, err := numaMode(s, cfg); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), annotations.NUMAMode) {
 		t.Errorf("bad mode: %v", err)
 	}
 	limit := &specs.Spec{Linux: &specs.Linux{Resources: &specs.LinuxResources{HugepageLimits: []specs.LinuxHugepageLimit{{Pagesize: "2MB",

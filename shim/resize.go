@@ -13,18 +13,15 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 )
-
-// AnnotationMaxVCPUs sets how many vCPUs a VM may grow to while it runs:
-// a whole number from its starting vCPUs to max_vcpus.
-const AnnotationMaxVCPUs = "kvm.containerd.io/max-vcpus"
 
 // hotplugMaxVCPUs is the most vCPUs a VM of vcpus may have live: the
 // annotation, else the config's hotplug_max_vcpus, never below vcpus. A
 // dedicated VM pins each vCPU to its own host CPU and cannot grow.
 func hotplugMaxVCPUs(spec *specs.Spec, cfg Config, vcpus int, mode numa.Mode) (int, error) {
-	return hotplugMax(spec, hotplugLimit{AnnotationMaxVCPUs, "vCPUs", "max_vcpus", cfg.MaxVCPUs, cfg.HotplugMaxVCPUs}, vcpus, mode)
+	return hotplugMax(spec, hotplugLimit{annotations.MaxVCPUs, "vCPUs", "max_vcpus", cfg.MaxVCPUs, cfg.HotplugMaxVCPUs}, vcpus, mode)
 }
 
 // hotplugLimit is one resource a VM may grow live: its annotation, its
@@ -117,7 +114,7 @@ func (t *vmTask) update(ctx context.Context, r *specs.LinuxResources) error {
 	case want.vcpus > t.maxVCPUs:
 		return fmt.Errorf("resize %s: linux.resources.cpu asks for %d vCPUs, more than the %d the VM may grow to (annotation %s, config "+
 			"hotplug_max_vcpus): %w",
-			t.id, want.vcpus, t.maxVCPUs, AnnotationMaxVCPUs, errdefs.ErrInvalidArgument)
+			t.id, want.vcpus, t.maxVCPUs, annotations.MaxVCPUs, errdefs.ErrInvalidArgument)
 	case want.vcpus == cur && want.memMiB == mem:
 		return nil
 	}

@@ -12,6 +12,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 )
 
@@ -41,11 +42,11 @@ func TestHotplugMaxVCPUs(t *testing.T) {
 	} {
 		spec := &specs.Spec{Annotations: map[string]string{}}
 		if c.ann != "" {
-			spec.Annotations[AnnotationMaxVCPUs] = c.ann
+			spec.Annotations[annotations.MaxVCPUs] = c.ann
 		}
 		got, err := hotplugMaxVCPUs(spec, cfg, c.vcpus, c.mode)
 		if c.err {
-			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), AnnotationMaxVCPUs) {
+			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), annotations.MaxVCPUs) {
 				t.Errorf("%q with %d vCPUs (%s): %v, want InvalidArgument naming the annotation", c.ann, c.vcpus, c.mode, err)
 			}
 			continue

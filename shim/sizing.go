@@ -7,19 +7,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-)
 
-// Annotations a pod or container may set (through CRI they pass only when
-// the runtime handler lists them in pod_annotations/container_annotations).
-const (
-	// AnnotationVCPUs overrides the vCPU count: a whole number.
-	AnnotationVCPUs = "kvm.containerd.io/vcpus"
-	// AnnotationMemory overrides guest memory: a Kubernetes-style size
-	// such as 512Mi, 2Gi or 1073741824 (bytes), rounded up to whole MiB.
-	AnnotationMemory = "kvm.containerd.io/memory"
-	// AnnotationKernelCmdline replaces the kernel command line of a direct
-	// kernel boot image.
-	AnnotationKernelCmdline = "kvm.containerd.io/kernel-cmdline"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
 )
 
 const (
@@ -49,21 +38,21 @@ func vmSize(spec *specs.Spec, cfg Config) (vcpus, memoryMiB int, err error) {
 			}
 		}
 	}
-	if v, ok := spec.Annotations[AnnotationVCPUs]; ok {
+	if v, ok := spec.Annotations[annotations.VCPUs]; ok {
 		n, err := strconv.Atoi(strings.TrimSpace(v))
 		if err != nil || n < 1 || n > cfg.MaxVCPUs {
-			return 0, 0, fmt.Errorf("annotation %s = %q: want a whole number from 1 to %d: %w", AnnotationVCPUs, v, cfg.MaxVCPUs,
+			return 0, 0, fmt.Errorf("annotation %s = %q: want a whole number from 1 to %d: %w", annotations.VCPUs, v, cfg.MaxVCPUs,
 				errdefs.ErrInvalidArgument)
 		}
 		vcpus = n
 	}
-	if v, ok := spec.Annotations[AnnotationMemory]; ok {
+	if v, ok := spec.Annotations[annotations.Memory]; ok {
 		b, err := parseSize(v)
 		if err != nil {
-			return 0, 0, fmt.Errorf("annotation %s = %q: %v: %w", AnnotationMemory, v, err, errdefs.ErrInvalidArgument)
+			return 0, 0, fmt.Errorf("annotation %s = %q: %v: %w", annotations.Memory, v, err, errdefs.ErrInvalidArgument)
 		}
 		memoryMiB = int((b + mib - 1) / mib)
-		if err := checkMemory(memoryMiB, cfg, "annotation "+AnnotationMemory); err != nil {
+		if err := checkMemory(memoryMiB, cfg, "annotation "+annotations.Memory); err != nil {
 			return 0, 0, err
 		}
 	}
@@ -115,12 +104,12 @@ func parseSize(s string) (int64, error) {
 
 // kernelCmdline returns the command line for a direct kernel boot.
 func kernelCmdline(spec *specs.Spec, cfg Config) (string, error) {
-	v, ok := spec.Annotations[AnnotationKernelCmdline]
+	v, ok := spec.Annotations[annotations.KernelCmdline]
 	if !ok {
 		return cfg.KernelCmdline, nil
 	}
 	if len(v) > maxKernelCmdline || strings.ContainsAny(v, "\x00\n\r") {
-		return "", fmt.Errorf("annotation %s: want one line of at most %d bytes: %w", AnnotationKernelCmdline, maxKernelCmdline,
+		return "", fmt.Errorf("annotation %s: want one line of at most %d bytes: %w", annotations.KernelCmdline, maxKernelCmdline,
 			errdefs.ErrInvalidArgument)
 	}
 	return v, nil

@@ -7,6 +7,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
 )
 
 func specWith(quota int64, period uint64, limit int64, ann map[string]string) *specs.Spec {
@@ -31,16 +33,16 @@ func TestVMSize(t *testing.T) {
 		{"defaults", &specs.Spec{}, 1, 512, ""},
 		{"limits", specWith(250000, 100000, 1<<30, nil), 3, 1024, ""},
 		{"memory rounds up", specWith(0, 0, 100*mib+1, nil), 1, 101, ""},
-		{"annotations win", specWith(100000, 100000, 1<<30, map[string]string{AnnotationVCPUs: "4", AnnotationMemory: "2Gi"}), 4, 2048, ""},
-		{"decimal suffix", specWith(0, 0, 0, map[string]string{AnnotationMemory: "1G"}), 1, 954, ""},
-		{"bytes", specWith(0, 0, 0, map[string]string{AnnotationMemory: "268435456"}), 1, 256, ""},
-		{"bad memory", specWith(0, 0, 0, map[string]string{AnnotationMemory: "lots"}), 0, 0, AnnotationMemory},
-		{"negative memory", specWith(0, 0, 0, map[string]string{AnnotationMemory: "-1Gi"}), 0, 0, AnnotationMemory},
-		{"tiny memory", specWith(0, 0, 0, map[string]string{AnnotationMemory: "1Mi"}), 0, 0, AnnotationMemory},
-		{"overflow", specWith(0, 0, 0, map[string]string{AnnotationMemory: "9999999999999Ti"}), 0, 0, AnnotationMemory},
-		{"bad vcpus", specWith(0, 0, 0, map[string]string{AnnotationVCPUs: "two"}), 0, 0, AnnotationVCPUs},
-		{"zero vcpus", specWith(0, 0, 0, map[string]string{AnnotationVCPUs: "0"}), 0, 0, AnnotationVCPUs},
-		{"too many vcpus", specWith(0, 0, 0, map[string]string{AnnotationVCPUs: "65"}), 0, 0, AnnotationVCPUs},
+		{"annotations win", specWith(100000, 100000, 1<<30, map[string]string{annotations.VCPUs: "4", annotations.Memory: "2Gi"}), 4, 2048, ""},
+		{"decimal suffix", specWith(0, 0, 0, map[string]string{annotations.Memory: "1G"}), 1, 954, ""},
+		{"bytes", specWith(0, 0, 0, map[string]string{annotations.Memory: "268435456"}), 1, 256, ""},
+		{"bad memory", specWith(0, 0, 0, map[string]string{annotations.Memory: "lots"}), 0, 0, annotations.Memory},
+		{"negative memory", specWith(0, 0, 0, map[string]string{annotations.Memory: "-1Gi"}), 0, 0, annotations.Memory},
+		{"tiny memory", specWith(0, 0, 0, map[string]string{annotations.Memory: "1Mi"}), 0, 0, annotations.Memory},
+		{"overflow", specWith(0, 0, 0, map[string]string{annotations.Memory: "9999999999999Ti"}), 0, 0, annotations.Memory},
+		{"bad vcpus", specWith(0, 0, 0, map[string]string{annotations.VCPUs: "two"}), 0, 0, annotations.VCPUs},
+		{"zero vcpus", specWith(0, 0, 0, map[string]string{annotations.VCPUs: "0"}), 0, 0, annotations.VCPUs},
+		{"too many vcpus", specWith(0, 0, 0, map[string]string{annotations.VCPUs: "65"}), 0, 0, annotations.VCPUs},
 		{"limit too small", specWith(0, 0, 32*mib, nil), 0, 0, "linux.resources.memory.limit"},
 		{"quota too large", specWith(100*100000, 100000, 0, nil), 0, 0, "max_vcpus"},
 	}
@@ -65,11 +67,11 @@ func TestKernelCmdline(t *testing.T) {
 	if got, _ := kernelCmdline(&specs.Spec{}, cfg); got != cfg.KernelCmdline {
 		t.Errorf("default: %q", got)
 	}
-	s := &specs.Spec{Annotations: map[string]string{AnnotationKernelCmdline: "console=ttyS0 quiet"}}
+	s := &specs.Spec{Annotations: map[string]string{annotations.KernelCmdline: "console=ttyS0 quiet"}}
 	if got, _ := kernelCmdline(s, cfg); got != "console=ttyS0 quiet" {
 		t.Errorf("annotation: %q", got)
 	}
-	s.Annotations[AnnotationKernelCmdline] = "a\nb"
+	s.Annotations[annotations.KernelCmdline] = "a\nb"
 	if _, err := kernelCmdline(s, cfg); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("newline accepted: %v", err)
 	}

@@ -19,6 +19,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/configdrive"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
@@ -646,12 +647,12 @@ func TestCreateVMTaskBadInputLeavesNothing(t *testing.T) {
 		rootfs bool
 		want   string
 	}{
-		"bad memory":  {ann: map[string]string{AnnotationMemory: "lots"}, rootfs: true, want: AnnotationMemory},
-		"bad vcpus":   {ann: map[string]string{AnnotationVCPUs: "-3"}, rootfs: true, want: AnnotationVCPUs},
+		"bad memory":  {ann: map[string]string{annotations.Memory: "lots"}, rootfs: true, want: annotations.Memory},
+		"bad vcpus":   {ann: map[string]string{annotations.VCPUs: "-3"}, rootfs: true, want: annotations.VCPUs},
 		"no VM image": {want: "/disk/"},
 		// 128 entries are allowed; the "namespace" key the shim adds makes 129.
-		"metadata full": {ann: map[string]string{configdrive.AnnotationMetadata: fullMetadata()}, rootfs: true,
-			want: configdrive.AnnotationMetadata},
+		"metadata full": {ann: map[string]string{annotations.Metadata: fullMetadata()}, rootfs: true,
+			want: annotations.Metadata},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -707,7 +708,7 @@ func TestCreateVMTaskDirectKernel(t *testing.T) {
 	if err := os.Chmod(filepath.Join(f.bundle, "rootfs/boot/initrd.img"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	vt, err := f.create(map[string]string{AnnotationKernelCmdline: "console=ttyS0 quiet", AnnotationVCPUs: "2"})
+	vt, err := f.create(map[string]string{annotations.KernelCmdline: "console=ttyS0 quiet", annotations.VCPUs: "2"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,15 +18,10 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/configdrive"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
-
-// AnnotationDiskImages asks the shim to create a sparse disk.img on empty
-// filesystem volumes: "<container path>=<size>[,<container path>=<size>]",
-// sizes as for AnnotationMemory. A volume that already holds a disk.img
-// keeps it whatever the annotation says.
-const AnnotationDiskImages = "kvm.containerd.io/disk-images"
 
 // diskImageName is KubeVirt's convention: a filesystem volume whose root
 // holds this file is the VM's disk, not a directory to share.
@@ -131,9 +126,9 @@ func deviceWritable(spec *specs.Spec, d specs.LinuxDevice) bool {
 	return w
 }
 
-// diskImageSizes reads AnnotationDiskImages.
+// diskImageSizes reads annotations.DiskImages.
 func diskImageSizes(spec *specs.Spec) (map[string]int64, error) {
-	v, ok := spec.Annotations[AnnotationDiskImages]
+	v, ok := spec.Annotations[annotations.DiskImages]
 	if !ok {
 		return nil, nil
 	}
@@ -141,12 +136,12 @@ func diskImageSizes(spec *specs.Spec) (map[string]int64, error) {
 	for _, e := range strings.Split(v, ",") {
 		p, size, ok := strings.Cut(strings.TrimSpace(e), "=")
 		if !ok || !strings.HasPrefix(p, "/") {
-			return nil, fmt.Errorf("annotation %s = %q: entry %q: want <container path>=<size>: %w", AnnotationDiskImages, v, e,
+			return nil, fmt.Errorf("annotation %s = %q: entry %q: want <container path>=<size>: %w", annotations.DiskImages, v, e,
 				errdefs.ErrInvalidArgument)
 		}
 		b, err := parseSize(size)
 		if err != nil {
-			return nil, fmt.Errorf("annotation %s: volume %s: %v: %w", AnnotationDiskImages, p, err, errdefs.ErrInvalidArgument)
+			return nil, fmt.Errorf("annotation %s: volume %s: %v: %w", annotations.DiskImages, p, err, errdefs.ErrInvalidArgument)
 		}
 		sizes[filepath.Clean(p)] = b
 	}
@@ -165,14 +160,14 @@ type guestVolumes struct {
 // of disk.img files under vmDir/volumes and read-only bind mounts of
 // read-only shares under vmDir/shares; their undo goes to undo (a
 // crashed shim's cleanup finds the mounts by readOnlyMounts). sizes are
-// from AnnotationDiskImages.
+// from annotations.DiskImages.
 func prepareVolumes(ctx context.Context, h *host, vols []volume, sizes map[string]int64, vmDir string,
 	undo *rollback) (guestVolumes, error) {
 	var g guestVolumes
 	diskNames, shareNames := guestNames(vols, vm.MaxSerialLen), guestNames(vols, vm.MaxTagLen)
 	for p := range sizes {
 		if !slices.ContainsFunc(vols, func(v volume) bool { return v.kind == volBind && filepath.Clean(v.dest) == p }) {
-			return g, fmt.Errorf("annotation %s names %s, which is not a volume of the container: %w", AnnotationDiskImages, p,
+			return g, fmt.Errorf("annotation %s names %s, which is not a volume of the container: %w", annotations.DiskImages, p,
 				errdefs.ErrInvalidArgument)
 		}
 	}
@@ -317,11 +312,11 @@ func createDiskImage(h *host, v volume, img string, size int64, undo *rollback) 
 	for _, e := range ents {
 		if e.Name() != "lost+found" {
 			return fmt.Errorf("volume %s: annotation %s asks for a new %s, but the volume is not empty (it has %s): %w",
-				v.dest, AnnotationDiskImages, diskImageName, e.Name(), errdefs.ErrInvalidArgument)
+				v.dest, annotations.DiskImages, diskImageName, e.Name(), errdefs.ErrInvalidArgument)
 		}
 	}
 	if v.readOnly {
-		return fmt.Errorf("volume %s: annotation %s asks for a new %s on a read-only volume: %w", v.dest, AnnotationDiskImages, diskImageName,
+		return fmt.Errorf("volume %s: annotation %s asks for a new %s on a read-only volume: %w", v.dest, annotations.DiskImages, diskImageName,
 			errdefs.ErrInvalidArgument)
 	}
 	var sfs unix.Statfs_t
@@ -330,7 +325,7 @@ func createDiskImage(h *host, v volume, img string, size int64, undo *rollback) 
 	}
 	if free := int64(sfs.Bavail) * sfs.Bsize; size > free {
 		return fmt.Errorf("volume %s: annotation %s asks for a %d-byte %s; the volume has %d bytes free: %w",
-			v.dest, AnnotationDiskImages, size, diskImageName, free, errdefs.ErrInvalidArgument)
+			v.dest, annotations.DiskImages, size, diskImageName, free, errdefs.ErrInvalidArgument)
 	}
 	uid, gid, err := lookupQEMUUser(h.cfg.QEMUUser)
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
@@ -100,14 +101,14 @@ func TestClassifyVolumesRefuses(t *testing.T) {
 }
 
 func TestDiskImageSizes(t *testing.T) {
-	spec := &specs.Spec{Annotations: map[string]string{AnnotationDiskImages: "/data=1Gi, /scratch/=512Mi"}}
+	spec := &specs.Spec{Annotations: map[string]string{annotations.DiskImages: "/data=1Gi, /scratch/=512Mi"}}
 	got, err := diskImageSizes(spec)
 	if err != nil || got["/data"] != 1<<30 || got["/scratch"] != 512<<20 || len(got) != 2 {
 		t.Errorf("sizes %v, %v", got, err)
 	}
 	for _, bad := range []string{"", "/data", "data=1Gi", "/data=", "/data=-1", "/data=1Xi", "/data=99999999999Ti"} {
-		spec.Annotations[AnnotationDiskImages] = bad
-		if _, err := diskImageSizes(spec); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), AnnotationDiskImages) {
+		spec.Annotations[annotations.DiskImages] = bad
+		if _, err := diskImageSizes(spec); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), annotations.DiskImages) {
 			t.Errorf("%q: err = %v, want InvalidArgument naming the annotation", bad, err)
 		}
 	}
@@ -208,7 +209,7 @@ func TestCreateWithVolumes(t *testing.T) {
 		bindMount("/etc/app", cfgMap, true), bindMount("/cache", cache, false),
 		bindMount("/data", pvc, false), bindMount("/fresh", fresh, false),
 	}, nil)
-	spec.Annotations = map[string]string{AnnotationDiskImages: "/fresh=8Mi"}
+	spec.Annotations = map[string]string{annotations.DiskImages: "/fresh=8Mi"}
 	vt, err := f.createSpec(spec)
 	if err != nil {
 		t.Fatal(err)
@@ -337,7 +338,7 @@ func TestCreateVolumesRefused(t *testing.T) {
 			errdefs.ErrInvalidArgument, []string{"/full", "not empty"}},
 		{"size for no volume", []specs.Mount{bindMount("/v", mk("v", nil), false)}, "/nope=1Mi", errdefs.ErrInvalidArgument, []string{"/nope"}},
 		{"malformed size", []specs.Mount{bindMount("/v", mk("v2", nil), false)}, "/v=lots", errdefs.ErrInvalidArgument,
-			[]string{"/v", AnnotationDiskImages}},
+			[]string{"/v", annotations.DiskImages}},
 		{"a later volume fails", []specs.Mount{bindMount("/new", mk("new", nil), false), bindMount("/gone", filepath.Join(vols, "gone"), false)},
 			"/new=1Mi", errdefs.ErrFailedPrecondition, []string{"/gone"}},
 		{"too many shares", shares(vm.MaxShares + 1), "", errdefs.ErrInvalidArgument, []string{"/s/" + strings.Repeat("x", vm.MaxShares+1)}},
@@ -346,7 +347,7 @@ func TestCreateVolumesRefused(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			spec := criSpec(c.mounts, nil)
 			if c.ann != "" {
-				spec.Annotations = map[string]string{AnnotationDiskImages: c.ann}
+				spec.Annotations = map[string]string{annotations.DiskImages: c.ann}
 			}
 			before := mountsUnder(t, f.host.cfg.StateDir)
 			_, err := f.createSpec(spec)

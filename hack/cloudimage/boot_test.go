@@ -29,6 +29,7 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/configdrive"
 )
 
@@ -262,9 +263,9 @@ func bootAndCheck(t *testing.T, format configdrive.Format) {
 	}
 	key := newKey(t)
 	opts, err := configdrive.FromAnnotations(map[string]string{
-		configdrive.AnnotationUserData: string(userData),
-		configdrive.AnnotationSSHKeys:  key,
-		configdrive.AnnotationMetadata: `{"test": "boot"}`,
+		annotations.UserData:          string(userData),
+		annotations.SSHAuthorizedKeys: key,
+		annotations.Metadata:          `{"test": "boot"}`,
 	}, format)
 	if err != nil {
 		t.Fatal(err)

@@ -15,8 +15,9 @@ const AnnotationPrefix = "kvm.containerd.io/"
 var (
 	// A key written out in Go: "kvm.containerd.io/vcpus".
 	literalKey = regexp.MustCompile(`"kvm\.containerd\.io/([a-z0-9][a-z0-9.-]*)"`)
-	// A key built from the prefix constant: AnnotationPrefix + "user-data".
-	prefixedKey = regexp.MustCompile(`AnnotationPrefix\s*\+\s*"([a-z0-9][a-z0-9.-]*)"`)
+	// A key built from the prefix constant: Prefix + "user-data" (package
+	// annotations), or AnnotationPrefix + "user-data".
+	prefixedKey = regexp.MustCompile(`\b(?:Annotation)?Prefix\s*\+\s*"([a-z0-9][a-z0-9.-]*)"`)
 	// A key's heading in docs/annotations.md: ### kvm.containerd.io/vcpus
 	documentedKey = regexp.MustCompile("(?m)^###\\s+`?kvm\\.containerd\\.io/([a-z0-9][a-z0-9.-]*)`?\\s*$")
 )

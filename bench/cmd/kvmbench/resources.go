@@ -14,6 +14,7 @@ import (
 
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/cgroup"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
 )
@@ -184,8 +185,8 @@ func measureOverhead(ctx context.Context, d *daemon, h cgroup.Hierarchies, memMi
 	defer cl.Close()
 	_, logPath, g, stop, err := vmPod(ctx, d, cl, h, fmt.Sprintf("overhead-%d", memMiB), testenv.ContainerOptions{
 		MemoryLimit: int64(memMiB) << 20,
-		Annotations: map[string]string{"kvm.containerd.io/vcpus": strconv.Itoa(vcpus),
-			"kvm.containerd.io/kernel-cmdline": "console=ttyS0 quiet kvmguest.fill"},
+		Annotations: map[string]string{annotations.VCPUs: strconv.Itoa(vcpus),
+			annotations.KernelCmdline: "console=ttyS0 quiet kvmguest.fill"},
 	})
 	if err != nil {
 		return res, err
@@ -303,8 +304,8 @@ func measureResize(ctx context.Context, d *daemon, h cgroup.Hierarchies, runs in
 		if cid == "" { // a fresh 1-vCPU VM
 			var err error
 			if cid, logPath, _, stop, err = vmPod(ctx, d, cl, h, fmt.Sprintf("resize-%d", i), testenv.ContainerOptions{
-				MemoryLimit: memLimit, CPUs: 1, Annotations: map[string]string{"kvm.containerd.io/max-vcpus": "2",
-					"kvm.containerd.io/max-memory-mib": "512"},
+				MemoryLimit: memLimit, CPUs: 1, Annotations: map[string]string{annotations.MaxVCPUs: "2",
+					annotations.MaxMemoryMiB: "512"},
 			}); err != nil {
 				return res, err
 			}

@@ -15,6 +15,7 @@ import (
 	"github.com/digitalocean/go-libvirt"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/cgroup"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
 )
@@ -310,7 +311,7 @@ func volumePodRun(ctx context.Context, d *daemon, e *env, h cgroup.Hierarchies, 
 	}
 	defer cl.Close()
 	o.MemoryLimit = int64(e.cfg.memoryMiB) << 20
-	o.Annotations = map[string]string{"kvm.containerd.io/kernel-cmdline": volumeCmdline + iobench}
+	o.Annotations = map[string]string{annotations.KernelCmdline: volumeCmdline + iobench}
 	_, logPath, g, stop, err := vmPod(ctx, d, cl, h, fmt.Sprintf("%s-%d", name, i), o)
 	if err != nil {
 		return "", 0, nil, err
