@@ -164,7 +164,7 @@ type guestVolumes struct {
 // read-only shares under vmDir/shares; their undo goes to undo (a
 // crashed shim's cleanup finds the mounts by readOnlyMounts). sizes are
 // from AnnotationDiskImages.
-func prepareVolumes(ctx context.Context, h *host, vols []volume, sizes map[string]int64, vmDir string, undo *rollback) (guestVolumes, error) {
+func prepareVolumes(ctx context.Context, h *host, vols []volume, sizes map[string]int64, vmDir string, id vm.Identity, undo *rollback) (guestVolumes, error) {
 	var g guestVolumes
 	diskNames, shareNames := guestNames(vols, vm.MaxSerialLen), guestNames(vols, vm.MaxTagLen)
 	for p := range sizes {
@@ -174,7 +174,7 @@ func prepareVolumes(ctx context.Context, h *host, vols []volume, sizes map[strin
 	}
 	for i, v := range vols {
 		pin := filepath.Join(vmDir, volumesDir, diskNames[i]+".img")
-		disk, share, err := prepareVolume(ctx, h, v, sizes[filepath.Clean(v.dest)], pin, undo)
+		disk, share, err := prepareVolume(ctx, h, v, sizes[filepath.Clean(v.dest)], pin, id, undo)
 		if err != nil {
 			return g, err
 		}
@@ -222,7 +222,7 @@ const (
 // prepareVolume decides what the guest gets for one volume: a disk (a
 // block device, or the volume's disk.img, pinned at pin) or a share (any
 // other directory).
-func prepareVolume(ctx context.Context, h *host, v volume, size int64, pin string, undo *rollback) (*vm.VolumeDisk, *vm.Share, error) {
+func prepareVolume(ctx context.Context, h *host, v volume, size int64, pin string, id vm.Identity, undo *rollback) (*vm.VolumeDisk, *vm.Share, error) {
 	if v.kind == volDevice {
 		p, err := blockDeviceNode(v.major, v.minor)
 		if err != nil {
@@ -253,7 +253,7 @@ func prepareVolume(ctx context.Context, h *host, v volume, size int64, pin strin
 	case !errors.Is(err, fs.ErrNotExist):
 		return nil, nil, fmt.Errorf("volume %s: %w", v.dest, err)
 	case size > 0:
-		if err := createDiskImage(h, v, img, size, undo); err != nil {
+		if err := createDiskImage(v, img, size, id, undo); err != nil {
 			return nil, nil, err
 		}
 		d, err := volumeImage(ctx, h, v, img, pin, undo)
@@ -299,10 +299,10 @@ func volumeImage(ctx context.Context, h *host, v volume, img, pin string, undo *
 }
 
 // createDiskImage makes the sparse raw disk.img the pod asked for on an
-// empty volume (lost+found, as on a fresh ext4 volume, is allowed), owned
-// by the QEMU user. A size the volume's file system has no room for is
+// empty volume (lost+found, as on a fresh ext4 volume, is allowed), the
+// VM's identity's alone (mode 0600). A size the volume's file system has no room for is
 // refused: the guest would fail writing long after the pod started.
-func createDiskImage(h *host, v volume, img string, size int64, undo *rollback) (retErr error) {
+func createDiskImage(v volume, img string, size int64, id vm.Identity, undo *rollback) (retErr error) {
 	ents, err := os.ReadDir(v.source)
 	if err != nil {
 		return fmt.Errorf("volume %s: %w", v.dest, err)
@@ -324,11 +324,7 @@ func createDiskImage(h *host, v volume, img string, size int64, undo *rollback) 
 		return fmt.Errorf("volume %s: annotation %s asks for a %d-byte %s; the volume has %d bytes free: %w",
 			v.dest, AnnotationDiskImages, size, diskImageName, free, errdefs.ErrInvalidArgument)
 	}
-	uid, gid, err := lookupQEMUUser(h.cfg.QEMUUser)
-	if err != nil {
-		return err
-	}
-	f, err := os.OpenFile(img, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o660)
+	f, err := os.OpenFile(img, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return fmt.Errorf("volume %s: create %s: %w", v.dest, diskImageName, err)
 	}
@@ -341,7 +337,7 @@ func createDiskImage(h *host, v volume, img string, size int64, undo *rollback) 
 	if err := f.Truncate(size); err != nil {
 		return fmt.Errorf("volume %s: size %s: %w", v.dest, diskImageName, err)
 	}
-	if err := f.Chown(uid, gid); err != nil {
+	if err := f.Chown(int(id.UID), int(id.GID)); err != nil {
 		return fmt.Errorf("volume %s: chown %s: %w", v.dest, diskImageName, err)
 	}
 	return f.Sync()

@@ -54,9 +54,9 @@ func configureSecLabel(s *Spec, d *domainXML) {
 	d.SecLabels = append(d.SecLabels, secLabelXML{Type: "static", Model: "dac", Relabel: "yes", Label: s.Identity.Label()})
 }
 
-// identityFromXML finds the static DAC label in a domain's XML; nil when
+// IdentityFromXML finds the static DAC label in a domain's XML; nil when
 // the domain runs under qemu.conf's shared user.
-func identityFromXML(domainXML string) (*Identity, error) {
+func IdentityFromXML(domainXML string) (*Identity, error) {
 	var d struct {
 		SecLabels []secLabelXML `xml:"seclabel"`
 	}
@@ -86,7 +86,7 @@ func (c *Conn) Identity(name string) (*Identity, error) {
 	if err != nil {
 		return nil, mapError(err, "get XML of domain "+name)
 	}
-	id, err := identityFromXML(desc)
+	id, err := IdentityFromXML(desc)
 	if err != nil {
 		return nil, fmt.Errorf("domain %s: %w", name, err)
 	}

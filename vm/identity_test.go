@@ -12,7 +12,7 @@ func TestIdentityRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := identityFromXML(string(out))
+	got, err := IdentityFromXML(string(out))
 	if err != nil || got == nil || *got != *s.Identity {
 		t.Fatalf("identity from rendered XML = %v, %v; want %v", got, err, *s.Identity)
 	}
@@ -20,13 +20,13 @@ func TestIdentityRoundTrip(t *testing.T) {
 	// of an LSM beside it.
 	live := `<domain><seclabel type='dynamic' model='apparmor' relabel='yes'><label>libvirt-x</label></seclabel>` +
 		`<seclabel type='static' model='dac' relabel='yes'><label>+1000000009:+1000000010</label><imagelabel>+1000000009:+1000000010</imagelabel></seclabel></domain>`
-	if got, err := identityFromXML(live); err != nil || got == nil || *got != (Identity{1000000009, 1000000010}) {
+	if got, err := IdentityFromXML(live); err != nil || got == nil || *got != (Identity{1000000009, 1000000010}) {
 		t.Fatalf("identity from live XML = %v, %v", got, err)
 	}
-	if got, err := identityFromXML(`<domain><seclabel type='dynamic' model='dac'/></domain>`); err != nil || got != nil {
+	if got, err := IdentityFromXML(`<domain><seclabel type='dynamic' model='dac'/></domain>`); err != nil || got != nil {
 		t.Fatalf("a domain without a static DAC label: %v, %v; want none", got, err)
 	}
-	if _, err := identityFromXML(`<domain><seclabel type='static' model='dac'><label>libvirt-qemu:kvm</label></seclabel></domain>`); err == nil {
+	if _, err := IdentityFromXML(`<domain><seclabel type='static' model='dac'><label>libvirt-qemu:kvm</label></seclabel></domain>`); err == nil {
 		t.Fatal("a DAC label by name parsed as an identity")
 	}
 }
