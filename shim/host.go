@@ -115,6 +115,11 @@ func newHost(ctx context.Context, cfg Config, kvm vm.KVMInfo) (*host, error) {
 	if err != nil {
 		return nil, err
 	}
+	if ids != nil {
+		if err := searchableLibvirtDirs(ctx, libvirtDomainDirs); err != nil {
+			return nil, err
+		}
+	}
 	conn, err := vm.Connect(ctx, cfg.LibvirtSocket)
 	if err != nil {
 		return nil, err

@@ -131,3 +131,31 @@ func takeBack(paths ...string) error {
 	}
 	return errors.Join(errs...)
 }
+
+// libvirtDomainDirs hold each running domain's private dir (master key,
+// agent and monitor sockets), made by libvirt for the domain's label. A
+// QEMU under its own uid must search them: Debian makes them 0750 of
+// libvirt-qemu, upstream's packaging 0751.
+var libvirtDomainDirs = []string{"/var/lib/libvirt/qemu", "/var/lib/libvirt/qemu/channel", "/var/lib/libvirt/qemu/channel/target"}
+
+// searchableLibvirtDirs gives libvirt's domain dirs o+x where they lack it.
+// A dir that does not exist is libvirt's to make.
+func searchableLibvirtDirs(ctx context.Context, dirs []string) error {
+	for _, d := range dirs {
+		st, err := os.Stat(d)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if st.Mode().Perm()&0o001 != 0 {
+			continue
+		}
+		if err := os.Chmod(d, st.Mode().Perm()|0o001); err != nil {
+			return fmt.Errorf("let per-VM QEMU users search %s: %w", d, err)
+		}
+		log.G(ctx).WithField("dir", d).Info("gave libvirt's domain dir o+x: each VM's QEMU runs under its own uid and must reach its domain's dir below it")
+	}
+	return nil
+}
