@@ -32,6 +32,8 @@ type testSuite struct {
 	// /run in a directory every user can traverse, not in tmp.
 	wrapperDir string
 	wrapper    string
+	// idStateFile is the host identities of the suite's VMs (all flavours).
+	idStateFile string
 
 	shimErr error            // why the shim could not be built, if it could not
 	images  map[string]image // archives found, by short name
@@ -102,6 +104,7 @@ func newSuite() (*testSuite, error) {
 		binDir:    filepath.Join(tmp, "bin"),
 		imagesDir: envOr("KVM_IT_IMAGES", filepath.Join(repo, "_output", "images")),
 	}
+	s.idStateFile = filepath.Join(tmp, "ids", "ids.json")
 	// libvirt runs QEMU as libvirt-qemu: it must be able to reach the shim's
 	// state dir below tmp.
 	if err := os.Chmod(tmp, 0o755); err != nil {
