@@ -135,3 +135,39 @@ func TestConfigVMIDRange(t *testing.T) {
 		}
 	}
 }
+
+// A read-only disk.img must be readable by the VM's identity alone:
+// libvirt cannot give it to the VM through a read-only mount.
+func TestReadableBy(t *testing.T) {
+	id := vm.Identity{UID: 1000000001, GID: 1000000001}
+	p := filepath.Join(t.TempDir(), "disk.img")
+	if err := os.WriteFile(p, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		uid, gid int
+		mode     os.FileMode
+		want     bool
+	}{
+		{0, 0, 0o600, false},
+		{0, 0, 0o644, true},
+		{0, 4242, 0o640, false}, // the pod's fsGroup: QEMU has no such group
+		{1000000001, 0, 0o600, true},
+		{1000000001, 0, 0o044, false}, // the owner class decides, as the kernel does
+		{0, 1000000001, 0o640, true},
+	} {
+		if err := os.Chown(p, tc.uid, tc.gid); err != nil {
+			t.Skipf("chown needs root: %v", err)
+		}
+		if err := os.Chmod(p, tc.mode); err != nil {
+			t.Fatal(err)
+		}
+		st, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := readableBy(st, id); got != tc.want {
+			t.Errorf("owner %d:%d mode %#o: readable by %d = %v, want %v", tc.uid, tc.gid, tc.mode, id.UID, got, tc.want)
+		}
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/log"
@@ -248,7 +249,7 @@ func prepareVolume(ctx context.Context, h *host, v volume, size int64, pin strin
 	case err == nil && !ist.Mode().IsRegular():
 		return nil, nil, fmt.Errorf("volume %s: %s is a %s, not a disk image file: %w", v.dest, img, fileKind(ist.Mode()), errdefs.ErrInvalidArgument)
 	case err == nil:
-		d, err := volumeImage(ctx, h, v, img, pin, undo)
+		d, err := volumeImage(ctx, h, v, img, pin, id, undo)
 		return d, nil, err
 	case !errors.Is(err, fs.ErrNotExist):
 		return nil, nil, fmt.Errorf("volume %s: %w", v.dest, err)
@@ -256,7 +257,7 @@ func prepareVolume(ctx context.Context, h *host, v volume, size int64, pin strin
 		if err := createDiskImage(v, img, size, id, undo); err != nil {
 			return nil, nil, err
 		}
-		d, err := volumeImage(ctx, h, v, img, pin, undo)
+		d, err := volumeImage(ctx, h, v, img, pin, id, undo)
 		return d, nil, err
 	}
 	return nil, &vm.Share{Source: v.source}, nil
@@ -267,14 +268,24 @@ func prepareVolume(ctx context.Context, h *host, v volume, size int64, pin strin
 // through a share included, cannot swap the checked file for a link to a
 // host file before QEMU opens it), then checks it as a containerDisk is
 // checked (format by content, no backing file, no external data file).
-func volumeImage(ctx context.Context, h *host, v volume, img, pin string, undo *rollback) (*vm.VolumeDisk, error) {
+func volumeImage(ctx context.Context, h *host, v volume, img, pin string, id vm.Identity, undo *rollback) (*vm.VolumeDisk, error) {
 	f, err := os.OpenFile(img, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, fmt.Errorf("volume %s: open %s: %v: %w", v.dest, diskImageName, err, errdefs.ErrInvalidArgument)
 	}
 	defer f.Close()
-	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+	st, err := f.Stat()
+	if err != nil || !st.Mode().IsRegular() {
 		return nil, fmt.Errorf("volume %s: %s is not a regular file (%v): %w", v.dest, img, err, errdefs.ErrInvalidArgument)
+	}
+	if v.readOnly && !readableBy(st, id) {
+		// libvirt gives a VM's disks to its identity at start, but not
+		// through a read-only mount (its chown fails with EROFS and is
+		// skipped), and a static DAC label carries no supplementary
+		// groups: the pod's fsGroup cannot reach QEMU.
+		sys := st.Sys().(*syscall.Stat_t)
+		return nil, fmt.Errorf("volume %s: the read-only %s (owner %d:%d, mode %#o) is not readable by the VM's uid %d: libvirt cannot give it to the VM through a read-only mount, and QEMU runs without the pod's supplemental groups; make it world-readable (o+r) or mount the volume read-write: %w",
+			v.dest, diskImageName, sys.Uid, sys.Gid, st.Mode().Perm(), id.UID, errdefs.ErrFailedPrecondition)
 	}
 	if err := os.MkdirAll(filepath.Dir(pin), 0o711); err != nil {
 		return nil, fmt.Errorf("volume %s: %w", v.dest, err)
@@ -423,4 +434,21 @@ func plainName(dest string) string {
 		}
 		return '_'
 	}, p)
+}
+
+// readableBy reports whether a process running as id alone (no
+// supplementary groups) may read a file of mode and owner st.
+func readableBy(st fs.FileInfo, id vm.Identity) bool {
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok {
+		return false
+	}
+	perm := st.Mode().Perm()
+	switch {
+	case sys.Uid == id.UID:
+		return perm&0o400 != 0
+	case sys.Gid == id.GID:
+		return perm&0o040 != 0
+	}
+	return perm&0o004 != 0
 }
