@@ -10,6 +10,7 @@ import (
 
 	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/hostid"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
@@ -119,12 +120,26 @@ func giveToVM(path string, id vm.Identity, perm fs.FileMode) error {
 	return nil
 }
 
-// takeBack gives a file that outlives its VM (the pod's overlay and its
-// dir) back to root, so the next VM given the freed identity finds
-// nothing of this one.
-func takeBack(paths ...string) error {
+// takeBack gives what outlives a VM (the pod's overlay and its dir) back
+// to root, so the next VM given the freed identity id finds nothing of
+// this one. A path another identity owns by now (the pod's next VM took
+// it over) is left alone.
+func takeBack(id *vm.Identity, paths ...string) error {
+	if id == nil {
+		return nil
+	}
 	var errs []error
 	for _, p := range paths {
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			if !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("stat %s: %w", p, err))
+			}
+			continue
+		}
+		if st.Uid != id.UID {
+			continue
+		}
 		if err := os.Lchown(p, 0, 0); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 		}

@@ -171,3 +171,27 @@ func TestReadableBy(t *testing.T) {
 		}
 	}
 }
+
+// What outlives a VM goes back to root, unless the pod's next VM (another
+// identity) owns it by now.
+func TestTakeBack(t *testing.T) {
+	dir := t.TempDir()
+	mine, theirs := filepath.Join(dir, "overlay.qcow2"), filepath.Join(dir, "next")
+	for p, uid := range map[string]int{mine: 1000000001, theirs: 1000000002} {
+		if err := os.WriteFile(p, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(p, uid, uid); err != nil {
+			t.Skipf("chown needs root: %v", err)
+		}
+	}
+	if err := takeBack(&vm.Identity{UID: 1000000001, GID: 1000000001}, mine, theirs, filepath.Join(dir, "gone")); err != nil {
+		t.Fatal(err)
+	}
+	if uid, _ := ownerOf(t, mine); uid != 0 {
+		t.Errorf("the VM's own file is still owned by %d", uid)
+	}
+	if uid, _ := ownerOf(t, theirs); uid != 1000000002 {
+		t.Errorf("the next VM's file was taken: owner %d", uid)
+	}
+}

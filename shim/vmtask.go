@@ -363,7 +363,7 @@ func releaseVM(ctx context.Context, conn domains, rec *taskRecord, bundle string
 	errs = append(errs, teardownNetwork(rec.Network))
 	errs = append(errs, releaseNUMA(rec))
 	if rec.KeepOverlay && rec.Overlay != "" && !successor {
-		errs = append(errs, takeBack(rec.Overlay, filepath.Dir(rec.Overlay)))
+		errs = append(errs, takeBack(rec.Identity, rec.Overlay, filepath.Dir(rec.Overlay)))
 	}
 	errs = append(errs, releaseIdentity(rec))
 	if rec.VMDir != "" {
