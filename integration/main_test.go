@@ -51,6 +51,9 @@ func TestMain(m *testing.M) {
 }
 
 func runMain(m *testing.M) int {
+	if os.Getenv(openAsEnv) == "1" {
+		return openAsMain(os.Args[1:])
+	}
 	if os.Geteuid() != 0 {
 		skipReason = "integration tests need root (containerd, mounts, libvirt qemu:///system)"
 		return m.Run()
