@@ -174,3 +174,16 @@ func searchableLibvirtDirs(ctx context.Context, dirs []string) error {
 	}
 	return nil
 }
+
+// releaseHeld gives back what a lost VM (by its owner key) holds in the
+// node's shared stores: its NUMA reservation and its host identity.
+func (h *host) releaseHeld(owner string) error {
+	var errs []error
+	if h.numa != nil {
+		errs = append(errs, h.numa.Release(owner))
+	}
+	if h.ids != nil {
+		errs = append(errs, h.ids.Release(owner))
+	}
+	return errors.Join(errs...)
+}

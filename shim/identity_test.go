@@ -195,3 +195,18 @@ func TestTakeBack(t *testing.T) {
 		t.Errorf("the next VM's file was taken: owner %d", uid)
 	}
 }
+
+// The sweep of a lost VM gives its identity back with its placement.
+func TestReleaseHeld(t *testing.T) {
+	f := newVMFixture(t)
+	owner := vmOwner("kvm-lost", "c1")
+	if _, err := f.host.ids.Allocate(owner); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.host.releaseHeld(owner); err != nil {
+		t.Fatal(err)
+	}
+	if snap, _ := f.host.ids.Snapshot(); len(snap) != 0 {
+		t.Fatalf("after releaseHeld the store holds %v", snap)
+	}
+}

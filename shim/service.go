@@ -3,7 +3,6 @@ package shim
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -503,17 +502,7 @@ func (s *service) vmHost(ctx context.Context, cfg *Config) (*host, error) {
 	// again, and a sweep running beside that Create could undefine the
 	// new definition between its Define and its Start. A CRI pod's
 	// sandbox start (prepareHost) does it ahead of the pod's first VM.
-	release := func(owner string) error {
-		var errs []error
-		if h.numa != nil {
-			errs = append(errs, h.numa.Release(owner))
-		}
-		if h.ids != nil {
-			errs = append(errs, h.ids.Release(owner))
-		}
-		return errors.Join(errs...)
-	}
-	sweep(context.WithoutCancel(ctx), h.layout, h.conn, h.fdSocketDir, release, time.Now())
+	sweep(context.WithoutCancel(ctx), h.layout, h.conn, h.fdSocketDir, h.releaseHeld, time.Now())
 	s.mu.Lock()
 	s.host = h
 	s.mu.Unlock()
