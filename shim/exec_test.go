@@ -444,3 +444,33 @@ func TestExecOutputWaitsForALateReader(t *testing.T) {
 		t.Fatal("the output was not delivered once its reader came")
 	}
 }
+
+// A guest-exec cannot be aimed at another pod's VM through this shim: an
+// exec names a task of this shim, never a domain, and the agent command
+// goes to that task's own domain. Another pod's VM, running on the same
+// libvirt, is out of reach by its container id and by its domain name.
+func TestExecCannotReachAnotherPodsVM(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.started()
+	other := goldenSpecWithIdentity(1000000005)
+	x, err := vm.Render(&other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.fake.Define(x); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.fake.Start(other.Name, false); err != nil {
+		t.Fatal(err)
+	}
+	f.fake.guest.SetProgram("true", vmtest.Program{})
+	s := newTestService(t, &hostFake{})
+	s.tasks["vm1"] = vt
+	ctx := context.Background()
+	for _, id := range []string{other.Meta.ContainerID, other.Name} {
+		_, err := s.Exec(ctx, &taskAPI.ExecProcessRequest{ID: id, ExecID: "e1", Spec: processSpec(t, "true")})
+		if !errdefs.IsNotFound(err) {
+			t.Errorf("exec aimed at %s (another pod's VM): %v, want NotFound", id, err)
+		}
+	}
+}
