@@ -453,6 +453,8 @@ func TestExecCannotReachAnotherPodsVM(t *testing.T) {
 	f := newVMFixture(t)
 	vt := f.started()
 	other := goldenSpecWithIdentity(1000000005)
+	dir := t.TempDir()
+	other.Console = vm.Console{Socket: filepath.Join(dir, "console.sock"), Log: filepath.Join(dir, "console.log")}
 	x, err := vm.Render(&other)
 	if err != nil {
 		t.Fatal(err)
