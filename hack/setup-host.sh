@@ -195,6 +195,23 @@ share_netns_dir() {
 	mount --make-shared /run/netns
 }
 
+# searchable_libvirt_dirs gives libvirt's per-domain dirs o+x (0751, as
+# upstream's packaging has them; Debian's is 0750). Each VM's QEMU runs
+# under a uid of its own (vm_id_range) that is not libvirt-qemu, and must
+# reach its own domain-N-<name> dir (master key, agent socket) below
+# them; those dirs are that uid's alone. The statoverride keeps the mode
+# over package upgrades; the shim also restores it when it starts.
+searchable_libvirt_dirs() {
+	local d
+	for d in /var/lib/libvirt/qemu /var/lib/libvirt/qemu/channel /var/lib/libvirt/qemu/channel/target; do
+		[ -d "$d" ] || continue
+		if ! dpkg-statoverride --list "$d" >/dev/null 2>&1; then
+			dpkg-statoverride --update --add libvirt-qemu libvirt-qemu 0751 "$d"
+		fi
+		chmod o+x "$d"
+	done
+}
+
 build_containerd2() {
 	if [ -x "$CONTAINERD2_BIN/containerd" ] && [ -x "$CONTAINERD2_BIN/ctr" ] &&
 		[ -x "$CONTAINERD2_BIN/containerd-shim-runc-v2" ] &&
@@ -214,6 +231,7 @@ build_containerd2() {
 install_packages
 mount_hugetlb_cgroup
 share_netns_dir
+searchable_libvirt_dirs
 cgroups_changed=$(configure_libvirt_cgroups)
 start_daemon virtlogd
 if [ -n "$cgroups_changed" ]; then

@@ -56,7 +56,7 @@ func startContainerd(s *testSuite, f testenv.Flavour, o testenv.Options) (*conta
 	o.Dir = filepath.Join(s.tmp, f.Name)
 	numa := filepath.Join(o.Dir, "numa", "numa.json")
 	o.PathPrefix = s.binDir
-	o.ShimConfig = testenv.SuiteShimConfig(s.wrapper, numa)
+	o.ShimConfig = testenv.SuiteShimConfig(s.wrapper, numa, s.idStateFile)
 	o.SandboxImage = sandboxImage
 	o.CNINetwork = cniNetwork
 	o.DefaultGateway = true

@@ -75,6 +75,8 @@ func assertNothingLeft(t *testing.T, c *containerd, ids ...shimID) {
 //   - no NUMA reservation of this containerd's domains (isOwnDomain) in the
 //     shim's numa_state_file (the file and its lock stay: they are the
 //     node's store, shared by all shims);
+//   - no host identity of this containerd's domains in the suite's
+//     vm_id_state_file;
 //   - no process (QEMU, or kvm-qemu-wrapper before it execs QEMU) whose
 //     command line names a path under the shim's state_dir;
 //   - no network descriptor socket under netfd's socket dir for a domain
@@ -94,6 +96,15 @@ func (c *containerd) leftovers(ids []shimID) []string {
 			// domain on the node, other people's too.
 			if domain, _, _ := strings.Cut(o, "/"); c.isOwnDomain(domain, ids) {
 				found = append(found, fmt.Sprintf("NUMA reservation of %s in %s", o, c.NUMAStateFile))
+			}
+		}
+	}
+	if held, err := testenv.HostIDs(c.suite.idStateFile); err != nil {
+		found = append(found, err.Error())
+	} else {
+		for o, id := range held {
+			if domain, _, _ := strings.Cut(o, "/"); c.isOwnDomain(domain, ids) {
+				found = append(found, fmt.Sprintf("host id %d of %s still allocated in %s", id, o, c.suite.idStateFile))
 			}
 		}
 	}

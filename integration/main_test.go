@@ -32,6 +32,8 @@ type testSuite struct {
 	// /run in a directory every user can traverse, not in tmp.
 	wrapperDir string
 	wrapper    string
+	// idStateFile is the host identities of the suite's VMs (all flavours).
+	idStateFile string
 
 	shimErr error            // why the shim could not be built, if it could not
 	images  map[string]image // archives found, by short name
@@ -49,6 +51,9 @@ func TestMain(m *testing.M) {
 }
 
 func runMain(m *testing.M) int {
+	if os.Getenv(openAsEnv) == "1" {
+		return openAsMain(os.Args[1:])
+	}
 	if os.Geteuid() != 0 {
 		skipReason = "integration tests need root (containerd, mounts, libvirt qemu:///system)"
 		return m.Run()
@@ -102,6 +107,7 @@ func newSuite() (*testSuite, error) {
 		binDir:    filepath.Join(tmp, "bin"),
 		imagesDir: envOr("KVM_IT_IMAGES", filepath.Join(repo, "_output", "images")),
 	}
+	s.idStateFile = filepath.Join(tmp, "ids", "ids.json")
 	// libvirt runs QEMU as libvirt-qemu: it must be able to reach the shim's
 	// state dir below tmp.
 	if err = os.Chmod(tmp, 0o755); err != nil {

@@ -494,22 +494,31 @@ func (c *containerd) checkNetfdRefuses(t *testing.T, v *netVM) {
 		t.Errorf("root connecting to %s: %v, want the server to close the connection (EOF)", sock, err)
 	}
 
+	// The VM's own uid (its domain's DAC label) reaches the socket; the
+	// shared QEMU user of other VMs does not even get to connect.
+	vmUID := domainUID(t, v.domain)
 	u, err := user.Lookup("libvirt-qemu")
 	if err != nil {
 		t.Fatalf("the QEMU user: %v", err)
 	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
-	// If the wrapper got the descriptors it would exec QEMU with -version,
-	// which prints its version and exits 0: no stray VM either way.
-	cmd := exec.Command(c.suite.wrapper, "-name", "guest="+v.domain+",debug-threads=on", "-version")
-	cmd.Dir = "/"
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
-	out, err := runWithTimeout(cmd, 30*time.Second)
-	if err == nil || !strings.Contains(out, "network of "+v.domain) {
-		t.Errorf("the wrapper run as %s by a stranger (not libvirt's process for %s): %v, output:\n%s\nwant it refused (exit 1, \"network of "+
-			"%s: ...\")",
-			u.Username, v.domain, err, out, v.domain)
+	sharedUID, _ := strconv.Atoi(u.Uid)
+	for _, who := range []struct {
+		name string
+		uid  uint32
+		want string
+	}{{"the VM's uid", vmUID, "network of " + v.domain}, {"libvirt-qemu", uint32(sharedUID), "permission denied"}} {
+		// If the wrapper got the descriptors it would exec QEMU with
+		// -version, which prints its version and exits 0: no stray VM
+		// either way.
+		cmd := exec.Command(c.suite.wrapper, "-name", "guest="+v.domain+",debug-threads=on", "-version")
+		cmd.Dir = "/"
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: who.uid, Gid: who.uid, Groups: []uint32{}}}
+		out, err := runWithTimeout(cmd, 30*time.Second)
+		if err == nil || !strings.Contains(out, "network of "+v.domain) || !strings.Contains(out, who.want) {
+			t.Errorf("the wrapper run as %s (%d) by a stranger (not libvirt's process for %s): %v, output:\n%s\nwant it refused (exit "+
+				"1, \"network of %s: ...\" with %q)",
+				who.name, who.uid, v.domain, err, out, v.domain, who.want)
+		}
 	}
 
 	// The shim says why it refused, in containerd's log.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pelletier/go-toml/v2"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/hostid"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
@@ -125,6 +126,20 @@ func Check(ctx context.Context, w io.Writer, args []string) int {
 		add(checkOK, "numa", "%d node(s), %d VM(s) placed (%s)", len(store.Topology().Nodes), len(ps), cfg.NUMAStateFile)
 		_ = numa.Describe(&numaReport, store.Topology(), store.Policy(), ps)
 	}
+
+	var ids *hostid.Range
+	inUse := 0
+	if cfg.VMIDRange != "" {
+		if r, err := hostid.ParseRange(cfg.VMIDRange); err == nil {
+			ids = &r
+			if store, err := hostid.OpenStore(cfg.VMIDStateFile, r); err == nil {
+				if snap, err := store.Snapshot(); err == nil {
+					inUse = len(snap)
+				}
+			}
+		}
+	}
+	results = append(results, confinementChecks(readConfineHost(), ids, inUse)...)
 
 	// The shim creates the state dir; what must already hold is that QEMU
 	// can reach it through its existing ancestors.

@@ -13,6 +13,7 @@ import (
 	"github.com/pelletier/go-toml/v2"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/configdrive"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/hostid"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
@@ -88,6 +89,12 @@ type Config struct {
 	// KernelCmdline is used for direct kernel boot unless the pod sets
 	// the kernel-cmdline annotation.
 	KernelCmdline string `toml:"kernel_cmdline"`
+	// VMIDRange is the host uids (and gids of the same numbers) given to
+	// VMs, one each, "FIRST-LAST"; "" runs every VM as QEMUUser.
+	VMIDRange string `toml:"vm_id_range"`
+	// VMIDStateFile holds the node's identity allocations, shared by every
+	// shim of the node; on a tmpfs (rebuilt from libvirt at each shim start).
+	VMIDStateFile string `toml:"vm_id_state_file"`
 }
 
 // DefaultConfig returns the built-in defaults.
@@ -117,6 +124,8 @@ func DefaultConfig() Config {
 		ConfigDriveFormat: "vfat",
 		AvailabilityZone:  "nova",
 		KernelCmdline:     "console=ttyS0",
+		VMIDRange:         hostid.DefaultRange,
+		VMIDStateFile:     "/run/containerd-shim-kvm-v1/ids.json",
 	}
 }
 
@@ -163,6 +172,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("state_dir = %q: must be an absolute path", c.StateDir)
 	case !filepath.IsAbs(c.QEMUBinary):
 		return fmt.Errorf("qemu_binary = %q: must be an absolute path", c.QEMUBinary)
+	case !filepath.IsAbs(c.VMIDStateFile):
+		return fmt.Errorf("vm_id_state_file = %q: must be an absolute path", c.VMIDStateFile)
 	case !filepath.IsAbs(c.NUMAStateFile):
 		return fmt.Errorf("numa_state_file = %q: must be an absolute path", c.NUMAStateFile)
 	case !filepath.IsAbs(c.QEMUWrapper):
@@ -191,6 +202,11 @@ func (c *Config) validate() error {
 	}
 	if _, err := configdrive.ParseFormat(c.ConfigDriveFormat); err != nil {
 		return fmt.Errorf("config_drive_format: %v", err)
+	}
+	if c.VMIDRange != "" {
+		if _, err := hostid.ParseRange(c.VMIDRange); err != nil {
+			return fmt.Errorf("vm_id_range: %v", err)
+		}
 	}
 	if _, err := numa.ParseMode(c.NUMAMode); err != nil {
 		return fmt.Errorf("numa_mode: %v", err)

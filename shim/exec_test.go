@@ -488,3 +488,35 @@ func TestExecOutputToLoggingBinary(t *testing.T) {
 		t.Errorf("logger pid %d not reaped once the exec ended: wait4 says %v", pid, err)
 	}
 }
+
+// A guest-exec cannot be aimed at another pod's VM through this shim: an
+// exec names a task of this shim, never a domain, and the agent command
+// goes to that task's own domain. Another pod's VM, running on the same
+// libvirt, is out of reach by its container id and by its domain name.
+func TestExecCannotReachAnotherPodsVM(t *testing.T) {
+	f := newVMFixture(t)
+	vt := f.started()
+	other := goldenSpecWithIdentity(1000000005)
+	dir := t.TempDir()
+	other.Console = vm.Console{Socket: filepath.Join(dir, "console.sock"), Log: filepath.Join(dir, "console.log")}
+	x, err := vm.Render(&other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.fake.Define(x); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.fake.Start(other.Name, false); err != nil {
+		t.Fatal(err)
+	}
+	f.fake.guest.SetProgram("true", vmtest.Program{})
+	s := newTestService(t, &hostFake{})
+	s.tasks["vm1"] = vt
+	ctx := context.Background()
+	for _, id := range []string{other.Meta.ContainerID, other.Name} {
+		_, err := s.Exec(ctx, &taskAPI.ExecProcessRequest{ID: id, ExecID: "e1", Spec: processSpec(t, "true")})
+		if !errdefs.IsNotFound(err) {
+			t.Errorf("exec aimed at %s (another pod's VM): %v, want NotFound", id, err)
+		}
+	}
+}

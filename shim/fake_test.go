@@ -72,6 +72,16 @@ func (f *fakeDomains) get(name string) (*fakeDomain, error) {
 	return d, nil
 }
 
+func (f *fakeDomains) Identity(name string) (*vm.Identity, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d, err := f.get(name)
+	if err != nil {
+		return nil, err
+	}
+	return vm.IdentityFromXML(d.xml)
+}
+
 func (f *fakeDomains) Define(b []byte) error {
 	var d struct {
 		Name     string `xml:"name"`

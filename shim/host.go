@@ -11,6 +11,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/cgroup"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/hostid"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
@@ -34,6 +35,10 @@ type host struct {
 	// numa holds the node's NUMA reservations, shared with every other
 	// shim on the node; nil places nothing (unit tests).
 	numa *numa.Store
+
+	// ids hands out the VMs' host identities, shared with every other
+	// shim on the node; nil runs every VM as the QEMU user.
+	ids *hostid.Store
 
 	// cgroups are the host's cgroup hierarchies a VM is charged to; nil
 	// charges nothing (no usable cgroups, unit tests).
@@ -101,6 +106,7 @@ type domains interface {
 	RequestMemory(name string, mib int, timeout time.Duration) (vm.PluggedMemory, error)
 	Plugged(name string) (vm.PluggedMemory, error)
 	Domains() (map[string]vm.Metadata, error)
+	Identity(name string) (*vm.Identity, error)
 }
 
 var _ domains = (*vm.Conn)(nil)
@@ -132,12 +138,26 @@ func newHost(ctx context.Context, cfg Config, kvm vm.KVMInfo) (*host, error) {
 	if err != nil {
 		return nil, err
 	}
+	ids, err := openIDs(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if ids != nil {
+		if dirsErr := searchableLibvirtDirs(ctx, libvirtDomainDirs); dirsErr != nil {
+			return nil, dirsErr
+		}
+	}
 	conn, err := vm.Connect(ctx, cfg.LibvirtSocket)
 	if err != nil {
 		return nil, err
 	}
 	if err := reconcileNUMA(ctx, store, conn.Domains); err != nil {
 		log.G(ctx).WithError(err).Warn("reconcile NUMA reservations")
+	}
+	if ids != nil {
+		if err := reconcileIDs(ctx, ids, conn); err != nil {
+			log.G(ctx).WithError(err).Warn("reconcile the VMs' host identities")
+		}
 	}
 	var cgroups *cgroup.Hierarchies
 	if hs, err := cgroup.Detect(); err != nil {
@@ -147,7 +167,7 @@ func newHost(ctx context.Context, cfg Config, kvm vm.KVMInfo) (*host, error) {
 	}
 	return &host{
 		cfg: cfg, accel: accel, conn: conn, events: conn.Events(), close: conn.Close, layout: l,
-		qemuUID: uid, qemuGID: gid, fdSocketDir: netfd.SocketDir, numa: store, cgroups: cgroups,
+		qemuUID: uid, qemuGID: gid, fdSocketDir: netfd.SocketDir, numa: store, ids: ids, cgroups: cgroups,
 	}, nil
 }
 

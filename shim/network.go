@@ -111,7 +111,7 @@ func netQueues(vcpus, maxQueues, nics int, vhost bool) int {
 // the next step makes before it is taken, and each step's undo goes on
 // undo as soon as it succeeds.
 func setupNetwork(ctx context.Context, h *host, netns string, sandboxNet *netfd.PodNetwork, domain, key string, vcpus int,
-	record func(*vmNetwork) error, undo *rollback, fdOpts ...netfd.ServeOption) (netfd.PodNetwork, *netfd.Server, error) {
+	id vm.Identity, record func(*vmNetwork) error, undo *rollback, fdOpts ...netfd.ServeOption) (netfd.PodNetwork, *netfd.Server, error) {
 	pn, err := netfd.Inspect(netns)
 	if err != nil {
 		return pn, nil, err
@@ -163,7 +163,8 @@ func setupNetwork(ctx context.Context, h *host, netns string, sandboxNet *netfd.
 		}
 	}
 
-	srv, err := netfd.Serve(ctx, h.fdSocketDir, domain, h.qemuUID, h.qemuGID, vm.QEMUPidDir, func() (netfd.Grant, []netfd.NICFiles, error) {
+	srv, err := netfd.Serve(ctx, h.fdSocketDir, domain, int(id.UID), int(id.GID), vm.QEMUPidDir, func() (netfd.Grant,
+		[]netfd.NICFiles, error) {
 		var files []netfd.NICFiles
 		fail := func(err error) (netfd.Grant, []netfd.NICFiles, error) {
 			for _, f := range files {

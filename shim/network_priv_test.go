@@ -82,6 +82,7 @@ func TestSetupNetworkTwoInterfaces(t *testing.T) {
 	var recorded *vmNetwork
 	var undo rollback
 	pn, srv, err := setupNetwork(context.Background(), h, netns, nil, "dom-two", "0123456789abcdef", 4,
+		vm.Identity{UID: uint32(h.qemuUID), GID: uint32(h.qemuGID)},
 		func(n *vmNetwork) error {
 			c := *n
 			c.Links = append([]wiredLink(nil), n.Links...)
@@ -111,6 +112,7 @@ func TestSetupNetworkTwoInterfaces(t *testing.T) {
 	other := pn
 	other.Interfaces = pn.Interfaces[:1]
 	if _, _, err := setupNetwork(context.Background(), h, netns, &other, "dom-changed", "fedcba9876543210", 1,
+		vm.Identity{UID: uint32(h.qemuUID), GID: uint32(h.qemuGID)},
 		func(*vmNetwork) error { t.Error("a changed network was recorded"); return nil }, &undo2); !errdefs.IsFailedPrecondition(err) ||
 		!strings.Contains(err.Error(), "changed since its sandbox") {
 		t.Errorf("changed network: %v", err)
@@ -150,6 +152,7 @@ func TestSetupNetworkFailsHalfway(t *testing.T) {
 	var undo rollback
 	var recorded *vmNetwork
 	_, _, err = setupNetwork(context.Background(), h, netns, nil, "dom-half", "0123456789abcdef", 1,
+		vm.Identity{UID: uint32(h.qemuUID), GID: uint32(h.qemuGID)},
 		func(n *vmNetwork) error { c := *n; recorded = &c; return nil }, &undo)
 	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "pod interface net1") {
 		t.Fatalf("got %v, want FailedPrecondition naming net1", err)

@@ -504,11 +504,7 @@ func (s *service) vmHost(ctx context.Context, cfg *Config) (*host, error) {
 	// again, and a sweep running beside that Create could undefine the
 	// new definition between its Define and its Start. A CRI pod's
 	// sandbox start (prepareHost) does it ahead of the pod's first VM.
-	var release func(string) error
-	if h.numa != nil {
-		release = h.numa.Release
-	}
-	sweep(context.WithoutCancel(ctx), h.layout, h.conn, h.fdSocketDir, release, time.Now())
+	sweep(context.WithoutCancel(ctx), h.layout, h.conn, h.fdSocketDir, h.releaseHeld, time.Now())
 	withLock(&s.mu, func() { s.host = h })
 	goSafe(ctx, "follow libvirt events", func() { s.followEvents(context.WithoutCancel(ctx), h) })
 	return h, nil

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/atomicfile"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
 
 // recordFile is the shim's record of one task, kept in the task's bundle.
@@ -43,6 +44,13 @@ type taskRecord struct {
 	// NUMA reservation: its owner key in the node's store file.
 	NUMAOwner string `json:"numaOwner,omitempty"`
 	NUMAStore string `json:"numaStore,omitempty"`
+
+	// Host identity the VM runs under, when per-VM identities are on:
+	// its owner key in the node's store file and that store's range.
+	IDOwner  string       `json:"idOwner,omitempty"`
+	IDStore  string       `json:"idStore,omitempty"`
+	IDRange  string       `json:"idRange,omitempty"`
+	Identity *vm.Identity `json:"identity,omitempty"`
 
 	// Network: the TAP and tc wiring in the pod namespace.
 	Network *vmNetwork `json:"network,omitempty"`

@@ -64,8 +64,8 @@ func ownerGone(vmDir string, now time.Time) bool {
 
 // sweep releases the domains and runtime dirs under l that belong to no
 // live VM, and logs each. fdSocketDir holds the VMs' descriptor sockets;
-// releaseNUMA (nil: no NUMA store) gives back a swept VM's reservation by
-// its owner key. Errors are logged: the sweep is tried again by the next
+// releaseNUMA (nil: nothing to give back) gives back a swept VM's NUMA
+// reservation and host identity by its owner key. Errors are logged: the sweep is tried again by the next
 // shim.
 func sweep(ctx context.Context, l layout, conn sweeper, fdSocketDir string, releaseNUMA func(owner string) error, now time.Time) {
 	doms, err := conn.Domains()

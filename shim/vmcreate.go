@@ -144,6 +144,9 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	if h.numa != nil {
 		rec.NUMAOwner, rec.NUMAStore = numaOwner(name, r.id), h.cfg.NUMAStateFile
 	}
+	if h.ids != nil {
+		rec.IDOwner, rec.IDStore, rec.IDRange = vmOwner(name, r.id), h.cfg.VMIDStateFile, h.cfg.VMIDRange
+	}
 	// The record goes first: if this shim dies halfway, the cleanup
 	// `delete` finds every piece from it.
 	if err = writeRecord(r.bundle, &rec); err != nil {
@@ -161,6 +164,25 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		undo.add(func() { _ = h.numa.Release(rec.NUMAOwner) })
 		b, _ := json.Marshal(p)
 		placement, placementJSON = pinning(p), string(b)
+	}
+
+	id, own, err := h.allocateIdentity(rec.IDOwner)
+	if err != nil {
+		return nil, err
+	}
+	if own {
+		undo.add(func() { _ = h.ids.Release(rec.IDOwner) })
+		rec.Identity = &id
+		if recErr := writeRecord(r.bundle, &rec); recErr != nil {
+			return nil, fmt.Errorf("write task record: %w", recErr)
+		}
+	}
+	if ident.inPod() {
+		// The pod's VM data outlives this container; it is this VM's
+		// while the VM lives (and root's again after, see releaseVM).
+		if giveErr := giveToVM(filepath.Dir(rec.Overlay), id, 0o700); giveErr != nil {
+			return nil, giveErr
+		}
 	}
 
 	var fdHooks []netfd.ServeOption
@@ -188,10 +210,13 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	}
 
 	ph.mark("rootfs")
-	if err = os.MkdirAll(vmDir, 0o711); err != nil {
-		return nil, fmt.Errorf("create VM dir: %w", err)
+	if mkdirErr := os.MkdirAll(vmDir, 0o700); mkdirErr != nil {
+		return nil, fmt.Errorf("create VM dir: %w", mkdirErr)
 	}
 	undo.add(func() { _ = os.RemoveAll(vmDir) })
+	if giveErr := giveToVM(vmDir, id, 0o700); giveErr != nil {
+		return nil, giveErr
+	}
 	// The owner file tells the sweep of another shim that this dir is in
 	// use while no domain refers to it yet.
 	if err = writeMarker(filepath.Join(vmDir, ownerFile)); err != nil {
@@ -209,6 +234,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 			ContainerName: ident.ContainerName, StateDir: vmDir, NUMA: placementJSON,
 		},
 		Pinning:     placement,
+		Identity:    ownIdentity(id, own),
 		HugePageKiB: set.pageKiB,
 		MaxVCPUs:    set.maxVCPUs,
 	}
@@ -226,7 +252,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		spec.MaxMemoryMiB = 0
 	}
 	memSize := memorySize{bootMiB: set.memMiB, maxMiB: set.memMiB + vm.HotplugMemoryMiB(&spec), blockMiB: int(vm.MemoryBlockKiB(&spec) / 1024)}
-	gv, err := prepareVolumes(ctx, h, vols, diskSizes, vmDir, &undo)
+	gv, err := prepareVolumes(ctx, h, vols, diskSizes, vmDir, id, &undo)
 	if err != nil {
 		return nil, err
 	}
@@ -244,7 +270,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 			}
 			return nil
 		}
-		pn, srv, netErr := setupNetwork(ctx, h, r.netns, r.podNet, name, ident.runtimeKey(), set.vcpus, recordNetwork, &undo, fdHooks...)
+		pn, srv, netErr := setupNetwork(ctx, h, r.netns, r.podNet, name, ident.runtimeKey(), set.vcpus, id, recordNetwork, &undo, fdHooks...)
 		if netErr != nil {
 			return nil, netErr
 		}
@@ -271,12 +297,18 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	waitDrive := func() error { return nil }
 	defer func() { _ = waitDrive() }()
 	if !set.drive.Disabled {
-		cd, build, planConfigDriveErr := planConfigDrive(ctx, h, ident, vmDir, guestNet, gv.list, set.drive)
-		if planConfigDriveErr != nil {
-			return nil, planConfigDriveErr
+		cd, buildDrive, planErr := planConfigDrive(ctx, h, ident, vmDir, guestNet, gv.list, set.drive)
+		if planErr != nil {
+			return nil, planErr
 		}
 		spec.ConfigDrive = cd
 		errc := make(chan error, 1)
+		build := func() error {
+			if buildErr := buildDrive(); buildErr != nil {
+				return buildErr
+			}
+			return giveToVM(cd.Path, id, 0o600)
+		}
 		go func() {
 			buildErr := errors.New("config drive build did not finish")
 			if perr := callSafe(ctx, "build the config drive", func() { buildErr = build() }); perr != nil {
@@ -291,11 +323,14 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		if prepareDiskErr != nil {
 			return nil, prepareDiskErr
 		}
+		if giveErr := giveToVM(disk.Path, id, 0o600); giveErr != nil {
+			return nil, giveErr
+		}
 		spec.Disk = disk
 	} else {
-		kernel, prepareKernelErr := prepareKernel(rootfs, src, vmDir, set.cmdline, &undo)
-		if prepareKernelErr != nil {
-			return nil, prepareKernelErr
+		kernel, kernelErr := prepareKernel(rootfs, src, vmDir, set.cmdline, id, &undo)
+		if kernelErr != nil {
+			return nil, kernelErr
 		}
 		spec.Kernel = kernel
 	}
@@ -402,14 +437,14 @@ func prepareDisk(ctx context.Context, h *host, rootfs, image, imageName, vmDir, 
 // prepareKernel makes the kernel and initrd of the rootfs readable to QEMU
 // inside the VM dir, where libvirt's labelling never touches the image's
 // files.
-func prepareKernel(rootfs string, src vm.BootSource, vmDir, cmdline string, undo *rollback) (*vm.Kernel, error) {
+func prepareKernel(rootfs string, src vm.BootSource, vmDir, cmdline string, id vm.Identity, undo *rollback) (*vm.Kernel, error) {
 	k := &vm.Kernel{Path: filepath.Join(vmDir, kernelFile), Cmdline: cmdline}
-	if err := exposeFromRootfs(rootfs, src.Kernel, k.Path, undo); err != nil {
+	if err := exposeFromRootfs(rootfs, src.Kernel, k.Path, id, undo); err != nil {
 		return nil, err
 	}
 	if src.Initrd != "" {
 		k.Initrd = filepath.Join(vmDir, initrdFile)
-		if err := exposeFromRootfs(rootfs, src.Initrd, k.Initrd, undo); err != nil {
+		if err := exposeFromRootfs(rootfs, src.Initrd, k.Initrd, id, undo); err != nil {
 			return nil, err
 		}
 	}
@@ -425,9 +460,9 @@ const (
 
 // exposeFromRootfs puts the rootfs file p at dst. A file every user may
 // read is bind-mounted read-only: no copy per VM, and the page cache holds
-// the kernel once for all VMs of an image. Others are copied, since QEMU
-// runs as its own user.
-func exposeFromRootfs(rootfs, p, dst string, undo *rollback) error {
+// the kernel once for all VMs of an image. Others are copied for the VM's
+// identity alone, since QEMU runs as its own user.
+func exposeFromRootfs(rootfs, p, dst string, id vm.Identity, undo *rollback) error {
 	f, err := vm.OpenInRootfs(rootfs, p)
 	if err != nil {
 		return err
@@ -438,11 +473,23 @@ func exposeFromRootfs(rootfs, p, dst string, undo *rollback) error {
 		return fmt.Errorf("%s in the container image: %w", p, err)
 	}
 	if st.Mode().Perm()&0o004 == 0 {
-		return vm.CopyFile(f, dst)
+		if err := vm.CopyFile(f, dst); err != nil {
+			return err
+		}
+		return giveToVM(dst, id, 0o600)
 	}
 	if err := vm.MountReadOnly(f, dst); err != nil {
 		return err
 	}
 	undo.add(func() { _ = vm.Unmount(dst) })
 	return nil
+}
+
+// ownIdentity is the identity the domain names: none when the VM runs as
+// the shared QEMU user (libvirt's default label).
+func ownIdentity(id vm.Identity, own bool) *vm.Identity {
+	if !own {
+		return nil
+	}
+	return &id
 }

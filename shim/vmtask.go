@@ -351,6 +351,7 @@ func removeFDSocket(rec *taskRecord) error {
 // container of the same pod reuses the name.
 func releaseVM(ctx context.Context, conn domains, rec *taskRecord, bundle string) error {
 	var errs []error
+	successor := false // the domain's name is a newer container's now
 	if rec.Domain != "" {
 		m, err := conn.Metadata(rec.Domain)
 		switch {
@@ -359,6 +360,7 @@ func releaseVM(ctx context.Context, conn domains, rec *taskRecord, bundle string
 		case err != nil:
 			errs = append(errs, err)
 		case m.ContainerID != rec.ID:
+			successor = true
 			log.G(ctx).WithField("vm", rec.Domain).WithField("owner", m.ContainerID).Info("domain now belongs to another container; leaving it")
 		default:
 			if st, err := conn.State(rec.Domain); err == nil && st.Running {
@@ -374,6 +376,10 @@ func releaseVM(ctx context.Context, conn domains, rec *taskRecord, bundle string
 	errs = append(errs, removeVMCgroup(rec))
 	errs = append(errs, teardownNetwork(rec.Network))
 	errs = append(errs, releaseNUMA(rec))
+	if rec.KeepOverlay && rec.Overlay != "" && !successor {
+		errs = append(errs, takeBack(rec.Identity, rec.Overlay, filepath.Dir(rec.Overlay)))
+	}
+	errs = append(errs, releaseIdentity(rec))
 	if rec.VMDir != "" {
 		errs = append(errs, removeVMDir(rec.VMDir))
 	}

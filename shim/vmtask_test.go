@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -62,10 +63,15 @@ func newVMFixture(t *testing.T) *vmFixture {
 	state := t.TempDir()
 	cfg := DefaultConfig()
 	cfg.StateDir = state
+	cfg.VMIDRange, cfg.VMIDStateFile = testIDRange, filepath.Join(state, "ids.json")
+	ids, err := openIDs(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return &vmFixture{
 		t:      t,
 		fake:   newFakeDomains(),
-		host:   &host{cfg: cfg, accel: vm.AccelTCG, layout: layout{root: state}},
+		host:   &host{cfg: cfg, accel: vm.AccelTCG, layout: layout{root: state}, ids: ids},
 		events: &eventLog{},
 		bundle: t.TempDir(),
 	}
@@ -734,8 +740,9 @@ func TestCreateVMTaskDirectKernel(t *testing.T) {
 	if isMountPoint(t, initrd) {
 		t.Errorf("initrd %s (mode 0600 in the image) was mounted, not copied", initrd)
 	}
-	if st, statErr := os.Stat(initrd); statErr != nil || st.Mode().Perm() != 0o644 {
-		t.Errorf("initrd copy: %v, %v; want mode 0644 for QEMU's user", st, statErr)
+	st, statErr := os.Stat(initrd)
+	if statErr != nil || st.Mode().Perm() != 0o600 || st.Sys().(*syscall.Stat_t).Uid != vt.rec.Identity.UID {
+		t.Errorf("initrd copy: %v, %v; want mode 0600 owned by the VM's uid %d", st, statErr, vt.rec.Identity.UID)
 	}
 	rec, err := readRecord(f.bundle)
 	if err != nil || rec == nil || rec.Domain != vt.rec.Domain {

@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
@@ -161,7 +162,7 @@ type guestVolumes struct {
 // read-only shares under vmDir/shares; their undo goes to undo (a
 // crashed shim's cleanup finds the mounts by readOnlyMounts). sizes are
 // from annotations.DiskImages.
-func prepareVolumes(ctx context.Context, h *host, vols []volume, sizes map[string]int64, vmDir string,
+func prepareVolumes(ctx context.Context, h *host, vols []volume, sizes map[string]int64, vmDir string, id vm.Identity,
 	undo *rollback) (guestVolumes, error) {
 	var g guestVolumes
 	diskNames, shareNames := guestNames(vols, vm.MaxSerialLen), guestNames(vols, vm.MaxTagLen)
@@ -173,7 +174,7 @@ func prepareVolumes(ctx context.Context, h *host, vols []volume, sizes map[strin
 	}
 	for i, v := range vols {
 		pin := filepath.Join(vmDir, volumesDir, diskNames[i]+".img")
-		disk, share, err := prepareVolume(ctx, h, v, sizes[filepath.Clean(v.dest)], pin, undo)
+		disk, share, err := prepareVolume(ctx, h, v, sizes[filepath.Clean(v.dest)], pin, id, undo)
 		if err != nil {
 			return g, err
 		}
@@ -222,7 +223,8 @@ const (
 // prepareVolume decides what the guest gets for one volume: a disk (a
 // block device, or the volume's disk.img, pinned at pin) or a share (any
 // other directory).
-func prepareVolume(ctx context.Context, h *host, v volume, size int64, pin string, undo *rollback) (*vm.VolumeDisk, *vm.Share, error) {
+func prepareVolume(ctx context.Context, h *host, v volume, size int64, pin string, id vm.Identity,
+	undo *rollback) (*vm.VolumeDisk, *vm.Share, error) {
 	if v.kind == volDevice {
 		p, err := blockDeviceNode(v.major, v.minor)
 		if err != nil {
@@ -250,16 +252,16 @@ func prepareVolume(ctx context.Context, h *host, v volume, size int64, pin strin
 		return nil, nil, fmt.Errorf("volume %s: %s is a %s, not a disk image file: %w", v.dest, img, fileKind(ist.Mode()),
 			errdefs.ErrInvalidArgument)
 	case err == nil:
-		d, volumeImageErr := volumeImage(ctx, h, v, img, pin, undo)
-		return d, nil, volumeImageErr
+		d, imgErr := volumeImage(ctx, h, v, img, pin, id, undo)
+		return d, nil, imgErr
 	case !errors.Is(err, fs.ErrNotExist):
 		return nil, nil, fmt.Errorf("volume %s: %w", v.dest, err)
 	case size > 0:
-		if err := createDiskImage(h, v, img, size, undo); err != nil {
-			return nil, nil, err
+		if createErr := createDiskImage(v, img, size, id, undo); createErr != nil {
+			return nil, nil, createErr
 		}
-		d, err := volumeImage(ctx, h, v, img, pin, undo)
-		return d, nil, err
+		d, imgErr := volumeImage(ctx, h, v, img, pin, id, undo)
+		return d, nil, imgErr
 	}
 	return nil, &vm.Share{Source: v.source}, nil
 }
@@ -269,17 +271,29 @@ func prepareVolume(ctx context.Context, h *host, v volume, size int64, pin strin
 // through a share included, cannot swap the checked file for a link to a
 // host file before QEMU opens it), then checks it as a containerDisk is
 // checked (format by content, no backing file, no external data file).
-func volumeImage(ctx context.Context, h *host, v volume, img, pin string, undo *rollback) (*vm.VolumeDisk, error) {
+func volumeImage(ctx context.Context, h *host, v volume, img, pin string, id vm.Identity, undo *rollback) (*vm.VolumeDisk, error) {
 	f, err := os.OpenFile(img, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, fmt.Errorf("volume %s: open %s: %v: %w", v.dest, diskImageName, err, errdefs.ErrInvalidArgument)
 	}
 	defer f.Close()
-	if st, statErr := f.Stat(); statErr != nil || !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("volume %s: %s is not a regular file (%v): %w", v.dest, img, statErr, errdefs.ErrInvalidArgument)
+	st, err := f.Stat()
+	if err != nil || !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("volume %s: %s is not a regular file (%v): %w", v.dest, img, err, errdefs.ErrInvalidArgument)
 	}
-	if err = os.MkdirAll(filepath.Dir(pin), 0o711); err != nil {
-		return nil, fmt.Errorf("volume %s: %w", v.dest, err)
+	if v.readOnly && !readableBy(st, id) {
+		// libvirt gives a VM's disks to its identity at start, but not
+		// through a read-only mount (its chown fails with EROFS and is
+		// skipped), and a static DAC label carries no supplementary
+		// groups: the pod's fsGroup cannot reach QEMU.
+		sys := st.Sys().(*syscall.Stat_t)
+		return nil, fmt.Errorf("volume %s: the read-only %s (owner %d:%d, mode %#o) is not readable by the VM's uid %d: libvirt "+
+			"cannot give it to the VM through a read-only mount, and QEMU runs without the pod's supplemental groups; make it "+
+			"world-readable (o+r) or mount the volume read-write: %w",
+			v.dest, diskImageName, sys.Uid, sys.Gid, st.Mode().Perm(), id.UID, errdefs.ErrFailedPrecondition)
+	}
+	if mkdirErr := os.MkdirAll(filepath.Dir(pin), 0o711); mkdirErr != nil {
+		return nil, fmt.Errorf("volume %s: %w", v.dest, mkdirErr)
 	}
 	mount := vm.BindFile
 	if v.readOnly {
@@ -301,10 +315,10 @@ func volumeImage(ctx context.Context, h *host, v volume, img, pin string, undo *
 }
 
 // createDiskImage makes the sparse raw disk.img the pod asked for on an
-// empty volume (lost+found, as on a fresh ext4 volume, is allowed), owned
-// by the QEMU user. A size the volume's file system has no room for is
+// empty volume (lost+found, as on a fresh ext4 volume, is allowed), the
+// VM's identity's alone (mode 0600). A size the volume's file system has no room for is
 // refused: the guest would fail writing long after the pod started.
-func createDiskImage(h *host, v volume, img string, size int64, undo *rollback) (retErr error) {
+func createDiskImage(v volume, img string, size int64, id vm.Identity, undo *rollback) (retErr error) {
 	ents, err := os.ReadDir(v.source)
 	if err != nil {
 		return fmt.Errorf("volume %s: %w", v.dest, err)
@@ -327,11 +341,7 @@ func createDiskImage(h *host, v volume, img string, size int64, undo *rollback) 
 		return fmt.Errorf("volume %s: annotation %s asks for a %d-byte %s; the volume has %d bytes free: %w",
 			v.dest, annotations.DiskImages, size, diskImageName, free, errdefs.ErrInvalidArgument)
 	}
-	uid, gid, err := lookupQEMUUser(h.cfg.QEMUUser)
-	if err != nil {
-		return err
-	}
-	f, err := os.OpenFile(img, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o660)
+	f, err := os.OpenFile(img, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return fmt.Errorf("volume %s: create %s: %w", v.dest, diskImageName, err)
 	}
@@ -344,7 +354,7 @@ func createDiskImage(h *host, v volume, img string, size int64, undo *rollback) 
 	if err := f.Truncate(size); err != nil {
 		return fmt.Errorf("volume %s: size %s: %w", v.dest, diskImageName, err)
 	}
-	if err := f.Chown(uid, gid); err != nil {
+	if err := f.Chown(int(id.UID), int(id.GID)); err != nil {
 		return fmt.Errorf("volume %s: chown %s: %w", v.dest, diskImageName, err)
 	}
 	return f.Sync()
@@ -430,4 +440,21 @@ func plainName(dest string) string {
 		}
 		return '_'
 	}, p)
+}
+
+// readableBy reports whether a process running as id alone (no
+// supplementary groups) may read a file of mode and owner st.
+func readableBy(st fs.FileInfo, id vm.Identity) bool {
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok {
+		return false
+	}
+	perm := st.Mode().Perm()
+	switch {
+	case sys.Uid == id.UID:
+		return perm&0o400 != 0
+	case sys.Gid == id.GID:
+		return perm&0o040 != 0
+	}
+	return perm&0o004 != 0
 }

@@ -239,9 +239,10 @@ func TestCreateWithVolumes(t *testing.T) {
 	if err != nil || st.Size() != 8<<20 {
 		t.Fatalf("created disk.img: %v %v", st, err)
 	}
-	uid, _, _ := lookupQEMUUser(f.host.cfg.QEMUUser)
-	if sys := st.Sys().(*syscall.Stat_t); int(sys.Uid) != uid || sys.Blocks != 0 {
-		t.Errorf("created disk.img is owned by %d (want %d), %d blocks allocated (want sparse)", sys.Uid, uid, sys.Blocks)
+	if sys := st.Sys().(*syscall.Stat_t); sys.Uid != vt.rec.Identity.UID || sys.Gid != vt.rec.Identity.GID ||
+		st.Mode().Perm() != 0o600 || sys.Blocks != 0 {
+		t.Errorf("created disk.img is owned by %d:%d mode %#o (want the VM's %d, 0600), %d blocks allocated (want sparse)", sys.Uid,
+			sys.Gid, st.Mode().Perm(), vt.rec.Identity.UID, sys.Blocks)
 	}
 	if len(d.Filesystems) != 2 || d.Access.Mode != "shared" {
 		t.Fatalf("filesystems %+v, memory access %q", d.Filesystems, d.Access.Mode)

@@ -30,6 +30,7 @@ type domainXML struct {
 	OnReboot      string            `xml:"on_reboot"`
 	OnCrash       string            `xml:"on_crash"`
 	Devices       devicesXML        `xml:"devices"`
+	SecLabels     []secLabelXML     `xml:"seclabel,omitempty"`
 }
 
 type metadataXML struct {

@@ -28,6 +28,7 @@ var configurators = []configurator{
 	configureDevices,
 	configureHotplug,
 	configureMemoryHotplug,
+	configureSecLabel,
 }
 
 // Render validates the spec and returns the libvirt domain XML for it.

@@ -38,6 +38,8 @@ func baseSpec() Spec {
 func goldenCases() map[string]Spec {
 	tcgDisk := baseSpec()
 	tcgDisk.Disk = &Disk{Path: "/var/lib/containerd-shim-kvm-v1/vms/kvm-default-vm1-0123456789ab/overlay.qcow2", Format: "qcow2"}
+	// The shim's VMs run under an identity of their own.
+	tcgDisk.Identity = &Identity{UID: 1000000007, GID: 1000000007}
 
 	kvmKernel := baseSpec()
 	kvmKernel.Accel = AccelKVM
@@ -106,6 +108,7 @@ func goldenCases() map[string]Spec {
 			HostCache: true},
 	}
 	volumes.VirtiofsBinary = "/usr/lib/qemu/virtiofsd"
+	volumes.Identity = &Identity{UID: 1000065535, GID: 1000065535}
 	volumes.Shares = []Share{
 		{Name: "/etc/app", Source: "/var/lib/containerd-shim-kvm-v1/vms/x/shares/0", Tag: "etc-app"},
 		{Name: "/cache", Source: "/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~empty-dir/cache", Tag: "cache"},

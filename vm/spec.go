@@ -55,6 +55,10 @@ type Spec struct {
 	VolumeDisks    []VolumeDisk
 	Shares         []Share
 	VirtiofsBinary string
+
+	// Identity is the host uid and gid the VM's QEMU runs under; nil
+	// leaves it to qemu.conf's user (shared by every such VM).
+	Identity *Identity
 }
 
 // Pinning is where a VM's vCPUs, emulator threads and memory may run.
@@ -135,6 +139,8 @@ func (s *Spec) Validate() error {
 		return fmt.Errorf("memory must be at least 1 MiB, got %d", s.MemoryMiB)
 	case s.Accel != AccelKVM && s.Accel != AccelTCG:
 		return fmt.Errorf("unknown acceleration %q", s.Accel)
+	case s.Identity != nil && (s.Identity.UID == 0 || s.Identity.GID == 0):
+		return fmt.Errorf("identity %s would run QEMU as root", s.Identity.Label())
 	case s.Emulator == "":
 		return errors.New("emulator path is empty")
 	case (s.Disk == nil) == (s.Kernel == nil):

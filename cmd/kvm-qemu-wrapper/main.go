@@ -4,7 +4,8 @@
 // the wrapper receives the TAP queues and vhost-net descriptors over the
 // domain's socket, appends the matching -netdev and -device arguments and
 // execs QEMU; otherwise (libvirt probing capabilities, a VM without a
-// network) it execs QEMU unchanged.
+// network) it execs QEMU unchanged. Either way it first drops every
+// privilege QEMU does not need (privs.go).
 package main
 
 import (
@@ -21,6 +22,10 @@ import (
 var qemu = "/usr/bin/qemu-system-x86_64"
 
 func main() {
+	if err := dropPrivileges(); err != nil {
+		fmt.Fprintf(os.Stderr, "kvm-qemu-wrapper: %v\n", err)
+		os.Exit(1)
+	}
 	args := os.Args[1:]
 	bin := qemu
 	if domain := netfd.DomainFromArgs(args); domain != "" {

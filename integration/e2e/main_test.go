@@ -204,7 +204,7 @@ func (s *testSuite) start(t *testing.T, name string) *env {
 	ctd, err := testenv.Start(ctx, f, testenv.Options{
 		Dir:            filepath.Join(dir, "containerd"),
 		PathPrefix:     s.binDir,
-		ShimConfig:     testenv.SuiteShimConfig(s.wrapper, filepath.Join(dir, "numa.json")),
+		ShimConfig:     testenv.SuiteShimConfig(s.wrapper, filepath.Join(dir, "numa.json"), filepath.Join(s.tmp, "ids.json")),
 		SandboxImage:   pauseImage,
 		Bridge:         n.bridge,
 		Subnet:         n.subnet,

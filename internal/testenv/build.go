@@ -1,7 +1,10 @@
 package testenv
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -100,13 +103,55 @@ func LockHost(path string) (unlock func(), err error) {
 // thresholds keep the suite's VMs placeable whatever else runs; placement
 // itself (node and dedicated) is still checked by the integration suite's
 // TestCtrNUMA.
-func SuiteShimConfig(wrapper, numaStateFile string) string {
+//
+// The VMs' host identities come from a store of the suite's own
+// (idStateFile, shared by all of its containerds) and a range of its own
+// (SuiteIDRange), apart from the node's default range: the suite's VMs
+// never share a uid with each other or with VMs outside the suite, and
+// whatever the store still holds once the suite's pods are gone leaked.
+func SuiteShimConfig(wrapper, numaStateFile, idStateFile string) string {
 	return fmt.Sprintf(`accel = "tcg"
 qemu_wrapper = %q
 numa_state_file = %q
+vm_id_state_file = %q
+vm_id_range = %q
 cpu_threshold = 100.0
 mem_threshold = 16.0
 default_vcpus = 1
 default_memory_mib = 256
-`, wrapper, numaStateFile)
+`, wrapper, numaStateFile, idStateFile, SuiteIDRange(os.Getpid()))
+}
+
+// SuiteIDRange is the 100 host ids of the test run with process id pid:
+// above the default range, one block per pid modulo 10000, so suites
+// running at once (integration beside e2e) do not meet.
+func SuiteIDRange(pid int) string {
+	first := 1100000000 + (pid%10000)*100
+	return fmt.Sprintf("%d-%d", first, first+99)
+}
+
+// HostIDs reads a shim's vm_id_state_file: the id each VM owner
+// (domain/container) holds. A missing file holds none.
+func HostIDs(path string) (map[string]uint32, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var st struct {
+		Allocations []struct {
+			Owner string `json:"owner"`
+			ID    uint32 `json:"id"`
+		} `json:"allocations"`
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	out := map[string]uint32{}
+	for _, a := range st.Allocations {
+		out[a.Owner] = a.ID
+	}
+	return out, nil
 }
