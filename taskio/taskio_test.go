@@ -303,14 +303,7 @@ func TestFileOutputAppends(t *testing.T) {
 // In FIFOWait mode an output FIFO opens without its reader, and a write
 // (even of nothing) waits until the reader came.
 func TestFIFOWaitWritesOnceTheReaderCame(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "out")
-	if err := syscall.Mkfifo(p, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	o, err := OpenOutput(context.Background(), Stdio{Stdout: p}, Options{FIFO: FIFOWait})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, o := waitModeFIFO(t)
 	defer o.Close()
 	wrote := make(chan error, 1)
 	go func() {
@@ -380,14 +373,7 @@ func TestLoggerArgs(t *testing.T) {
 
 // A write that waits for a reader who never comes ends with Close.
 func TestCloseEndsAWaitingWrite(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "out")
-	if err := syscall.Mkfifo(p, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	o, err := OpenOutput(context.Background(), Stdio{Stdout: p}, Options{FIFO: FIFOWait})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, o := waitModeFIFO(t)
 	wrote := make(chan error, 1)
 	go func() {
 		_, err := o.Stdout.Write([]byte("nobody reads this"))
@@ -403,4 +389,19 @@ func TestCloseEndsAWaitingWrite(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the write still waits after Close")
 	}
+}
+
+// waitModeFIFO makes a FIFO with no reader and opens it as stdout in
+// FIFOWait mode.
+func waitModeFIFO(t *testing.T) (string, *Output) {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "out")
+	if err := syscall.Mkfifo(p, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o, err := OpenOutput(context.Background(), Stdio{Stdout: p}, Options{FIFO: FIFOWait})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, o
 }

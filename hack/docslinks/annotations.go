@@ -1,7 +1,6 @@
 package docslinks
 
 import (
-	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -27,24 +26,11 @@ var (
 // that name it.
 func CodeAnnotationKeys(root string) (map[string][]string, error) {
 	keys := map[string][]string{}
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if p != root && skipDirs[d.Name()] {
-				return filepath.SkipDir
-			}
+	err := walkFiles(root, func(rel string) error {
+		if !strings.HasSuffix(rel, ".go") || strings.HasSuffix(rel, "_test.go") {
 			return nil
 		}
-		if !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
-			return nil
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(root, p)
+		b, err := os.ReadFile(filepath.Join(root, rel))
 		if err != nil {
 			return err
 		}

@@ -28,10 +28,10 @@ var inlineCode = regexp.MustCompile("`[^`]*`")
 // skipDirs are directories never searched for Markdown.
 var skipDirs = map[string]bool{".git": true, "_output": true, "testdata": true, "node_modules": true}
 
-// MarkdownFiles lists the .md files below root, relative to it.
-func MarkdownFiles(root string) ([]string, error) {
-	var files []string
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+// walkFiles calls fn with the path, relative to root, of every file below
+// root, skipping skipDirs.
+func walkFiles(root string, fn func(rel string) error) error {
+	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -41,11 +41,19 @@ func MarkdownFiles(root string) ([]string, error) {
 			}
 			return nil
 		}
-		if strings.HasSuffix(d.Name(), ".md") {
-			rel, err := filepath.Rel(root, p)
-			if err != nil {
-				return err
-			}
+		rel, err := filepath.Rel(root, p)
+		if err != nil {
+			return err
+		}
+		return fn(rel)
+	})
+}
+
+// MarkdownFiles lists the .md files below root, relative to it.
+func MarkdownFiles(root string) ([]string, error) {
+	var files []string
+	err := walkFiles(root, func(rel string) error {
+		if strings.HasSuffix(rel, ".md") {
 			files = append(files, rel)
 		}
 		return nil
