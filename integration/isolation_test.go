@@ -21,6 +21,7 @@ import (
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
 
 // The attacks of docs/security-isolation.md: a QEMU that a guest escaped
@@ -176,11 +177,6 @@ func (c *containerd) vmFilesOf(t *testing.T, cid string) vmFiles {
 					File string `xml:"file,attr"`
 				} `xml:"log"`
 			} `xml:"devices>serial"`
-			SecLabels []struct {
-				Model string `xml:"model,attr"`
-				Type  string `xml:"type,attr"`
-				Label string `xml:"label"`
-			} `xml:"seclabel"`
 		}
 		if xmlErr := xml.Unmarshal([]byte(out), &d); xmlErr != nil {
 			t.Fatalf("domain %s: %v", name, xmlErr)
@@ -190,19 +186,7 @@ func (c *containerd) vmFilesOf(t *testing.T, cid string) vmFiles {
 		}
 		v := vmFiles{domain: name, vmDir: d.Meta.StateDir, console: d.Serial.Source.Path, log: d.Serial.Log.File,
 			fdSocket: filepath.Join(netfdSocketDir, name+".sock")}
-		for _, l := range d.SecLabels {
-			if l.Model == "dac" && l.Type == "static" {
-				u, _, _ := strings.Cut(strings.TrimPrefix(l.Label, "+"), ":")
-				n, parseErr := strconv.ParseUint(u, 10, 32)
-				if parseErr != nil {
-					t.Fatalf("domain %s: DAC label %q", name, l.Label)
-				}
-				v.uid = uint32(n)
-			}
-		}
-		if v.uid == 0 {
-			t.Fatalf("domain %s has no static DAC label: its QEMU runs under the shared user", name)
-		}
+		v.uid = dacUID(t, name, out)
 		for _, disk := range d.Disks {
 			src := disk.Source.File + disk.Source.Dev
 			switch {
@@ -378,26 +362,19 @@ func domainUID(t *testing.T, name string) uint32 {
 	if err != nil {
 		t.Fatalf("virsh dumpxml %s: %v", name, err)
 	}
-	var d struct {
-		SecLabels []struct {
-			Model string `xml:"model,attr"`
-			Type  string `xml:"type,attr"`
-			Label string `xml:"label"`
-		} `xml:"seclabel"`
+	return dacUID(t, name, out)
+}
+
+// dacUID is the uid of a domain's static DAC label (vm.IdentityFromXML,
+// which the shim's sweep reads too); a domain without one fails t.
+func dacUID(t *testing.T, name, domainXML string) uint32 {
+	t.Helper()
+	id, err := vm.IdentityFromXML(domainXML)
+	if err != nil {
+		t.Fatalf("domain %s: DAC label: %v", name, err)
 	}
-	if err := xml.Unmarshal([]byte(out), &d); err != nil {
-		t.Fatalf("domain %s: %v", name, err)
+	if id == nil || id.UID == 0 {
+		t.Fatalf("domain %s has no static DAC label: its QEMU runs under the shared user", name)
 	}
-	for _, l := range d.SecLabels {
-		if l.Model == "dac" && l.Type == "static" {
-			u, _, _ := strings.Cut(strings.TrimPrefix(l.Label, "+"), ":")
-			n, err := strconv.ParseUint(u, 10, 32)
-			if err != nil {
-				t.Fatalf("domain %s: DAC label %q", name, l.Label)
-			}
-			return uint32(n)
-		}
-	}
-	t.Fatalf("domain %s has no static DAC label: its QEMU runs under the shared user", name)
-	return 0
+	return id.UID
 }
