@@ -135,7 +135,7 @@ func removeVMCgroup(rec *taskRecord) error {
 
 // cgroupStats reports the statistics of a running VM's cgroup.
 func (t *vmTask) cgroupStats(ctx context.Context) (*anypb.Any, error) {
-	if err := t.checkRunning("stats"); err != nil {
+	if err := t.allow(stepStats); err != nil {
 		return nil, err
 	}
 	return cgroupMetrics(t.cgroup)

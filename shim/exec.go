@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"time"
 
-	eventstypes "github.com/containerd/containerd/api/events"
 	"github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/fifo"
@@ -120,7 +119,7 @@ func (t *vmTask) addExec(ctx context.Context, execID string, streams stdio, spec
 		t.execs = map[string]*execProcess{}
 	}
 	t.execs[execID] = e
-	t.publish(&eventstypes.TaskExecAdded{ContainerID: t.id, ExecID: execID})
+	e.created(nil)
 	log.G(ctx).WithField("vm", t.rec.Domain).WithField("exec", execID).WithField("path", e.cmd.Path).Debug("exec added")
 	return e, nil
 }
@@ -128,16 +127,13 @@ func (t *vmTask) addExec(ctx context.Context, execID string, streams stdio, spec
 // checkExecLocked refuses an exec unless the VM runs (a paused guest
 // cannot answer the agent).
 func (t *vmTask) checkExecLocked() error {
-	switch t.status {
-	case task.Status_RUNNING:
-		if t.agent == nil {
-			return fmt.Errorf("exec in task %s: the VM has no agent client: %w", t.id, errdefs.ErrFailedPrecondition)
-		}
-		return nil
-	case task.Status_PAUSED:
-		return fmt.Errorf("exec in task %s: the VM is paused; resume it first: %w", t.id, errdefs.ErrFailedPrecondition)
+	if err := t.allowLocked(stepExec); err != nil {
+		return err
 	}
-	return fmt.Errorf("exec in task %s: the VM is %s, not running: %w", t.id, t.status, errdefs.ErrFailedPrecondition)
+	if t.agent == nil {
+		return fmt.Errorf("exec in task %s: the VM has no agent client: %w", t.id, errdefs.ErrFailedPrecondition)
+	}
+	return nil
 }
 
 func (t *vmTask) getExec(execID string) (*execProcess, error) {
@@ -183,8 +179,8 @@ func (e *execProcess) start(ctx context.Context) (int, error) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.status != task.Status_CREATED {
-		return 0, fmt.Errorf("start exec %s: it is %s: %w", e.execID, e.status, errdefs.ErrFailedPrecondition)
+	if err = e.allowLocked(stepStart); err != nil {
+		return 0, err
 	}
 	// A logging binary gets the exec's id, as containerd's runc shim
 	// gives an exec's.
@@ -357,12 +353,12 @@ func (e *execProcess) kill(ctx context.Context, sig uint32) error {
 func (e *execProcess) markKilled(sig uint32) (pid int, done bool, err error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	switch e.status {
-	case task.Status_CREATED:
+	if e.status == task.Status_CREATED {
 		e.setExitedLocked(128 + sig)
 		return 0, true, nil
-	case task.Status_STOPPED:
-		return 0, true, fmt.Errorf("kill exec %s: process already finished: %w", e.execID, errdefs.ErrNotFound)
+	}
+	if err := e.allowLocked(stepKill); err != nil {
+		return 0, true, err
 	}
 	e.killSig = sig
 	return e.guestPID, false, nil

@@ -2,15 +2,14 @@ package shim
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
+	"github.com/containerd/containerd/api/types"
 	"github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/protobuf"
-	"github.com/containerd/errdefs"
 )
 
 // proc is the lifecycle state every task has, whatever runs it: a status
@@ -64,9 +63,11 @@ func (p *proc) name() string {
 }
 
 // setRunningLocked records the start and queues TaskStart, or
-// TaskExecStarted for an exec.
+// TaskExecStarted for an exec. The caller checked allowLocked(stepStart)
+// under the same hold of mu.
 func (p *proc) setRunningLocked(pid int) {
-	p.pid, p.status = pid, task.Status_RUNNING
+	p.mustMoveLocked(stepStart)
+	p.pid = pid
 	p.lastPid.Store(int64(pid))
 	if p.execID != "" {
 		p.publish(&eventstypes.TaskExecStarted{ContainerID: p.id, ExecID: p.execID, Pid: uint32(pid)})
@@ -92,18 +93,23 @@ func (p *proc) setDeletedLocked() {
 func (p *proc) deleteStopped() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.status == task.Status_RUNNING {
-		return fmt.Errorf("delete %s: task is running; kill it first: %w", p.name(), errdefs.ErrFailedPrecondition)
+	if err := p.allowLocked(stepDelete); err != nil {
+		return err
 	}
 	p.setDeletedLocked()
 	return nil
 }
 
+// endLocked stops the process once: by its exit (publish) or its delete.
 func (p *proc) endLocked(status uint32, publish bool) bool {
 	if p.status == task.Status_STOPPED {
 		return false
 	}
-	p.status = task.Status_STOPPED
+	if publish {
+		p.mustMoveLocked(stepExit)
+	} else {
+		p.mustMoveLocked(stepDelete)
+	}
 	p.exitStatus = status
 	p.exitedAt = time.Now()
 	if publish {
@@ -127,11 +133,11 @@ func (p *proc) wait(ctx context.Context) (uint32, time.Time, error) {
 	return st, at, nil
 }
 
-// checkRunning fails unless the task is running or paused.
-func (p *proc) checkRunning(what string) error {
+// allow checks that step s may run on the process now.
+func (p *proc) allow(s step) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.checkRunningLocked(what)
+	return p.allowLocked(s)
 }
 
 // setExited records the exit once (see setExitedLocked).
@@ -141,13 +147,36 @@ func (p *proc) setExited(status uint32) bool {
 	return p.setExitedLocked(status)
 }
 
-// checkRunningLocked fails unless the task is running or paused.
-func (p *proc) checkRunningLocked(what string) error {
-	switch p.status {
-	case task.Status_RUNNING, task.Status_PAUSED:
-		return nil
-	case task.Status_STOPPED:
-		return fmt.Errorf("%s %s: process already finished: %w", what, p.name(), errdefs.ErrNotFound)
+// setPausedLocked records a pause and queues TaskPaused; the caller
+// checked allowLocked(stepPause) under the same hold of mu.
+func (p *proc) setPausedLocked() {
+	p.mustMoveLocked(stepPause)
+	p.publish(&eventstypes.TaskPaused{ContainerID: p.id})
+}
+
+// setResumedLocked records a resume and queues TaskResumed.
+func (p *proc) setResumedLocked() {
+	p.mustMoveLocked(stepResume)
+	p.publish(&eventstypes.TaskResumed{ContainerID: p.id})
+}
+
+// created queues TaskCreate (the service calls it once the task is in its
+// table) and, for an exec, TaskExecAdded.
+func (p *proc) created(rootfs []*types.Mount) {
+	if p.execID != "" {
+		p.publish(&eventstypes.TaskExecAdded{ContainerID: p.id, ExecID: p.execID})
+		return
 	}
-	return fmt.Errorf("%s %s: task is %s: %w", what, p.name(), p.status, errdefs.ErrFailedPrecondition)
+	p.publish(&eventstypes.TaskCreate{
+		ContainerID: p.id, Bundle: p.bundle, Rootfs: rootfs,
+		IO: &eventstypes.TaskIO{Stdin: p.stdio.Stdin, Stdout: p.stdio.Stdout, Stderr: p.stdio.Stderr, Terminal: p.stdio.Terminal},
+	})
+}
+
+// deleted queues TaskDelete once the task's Delete released it.
+func (p *proc) deleted() {
+	_, pid, status, at := p.snapshot()
+	p.publish(&eventstypes.TaskDelete{
+		ContainerID: p.id, ID: p.id, Pid: uint32(pid), ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at),
+	})
 }

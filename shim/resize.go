@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -97,12 +96,11 @@ func resizeTargetFrom(r *specs.LinuxResources, vcpus, memMiB int) resizeTarget {
 func (t *vmTask) update(ctx context.Context, r *specs.LinuxResources) error {
 	t.resizeMu.Lock() // one resize at a time; mu stays free for kill and stats
 	defer t.resizeMu.Unlock()
-	var status task.Status
+	var err error
 	var cur, plugged, mem int
-	withLock(&t.mu, func() { status, cur, plugged, mem = t.status, t.vcpus, t.plugged, t.memMiB })
-	if status != task.Status_RUNNING {
-		return fmt.Errorf("resize %s: the VM is %s; only a running VM is resized live: %w", t.id, strings.ToLower(status.String()),
-			errdefs.ErrFailedPrecondition)
+	withLock(&t.mu, func() { err, cur, plugged, mem = t.allowLocked(stepResize), t.vcpus, t.plugged, t.memMiB })
+	if err != nil {
+		return err
 	}
 	cur, plugged = t.syncVCPUsLocked(ctx, cur, plugged)
 	mem = t.syncMemoryLocked(ctx, mem)

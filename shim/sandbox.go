@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -82,8 +81,8 @@ func netnsPath(spec *specs.Spec) string {
 func (t *sandboxTask) start(ctx context.Context) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.status != task.Status_CREATED {
-		return 0, fmt.Errorf("start %s: task is %s: %w", t.id, t.status, errdefs.ErrFailedPrecondition)
+	if err := t.allowLocked(stepStart); err != nil {
+		return 0, err
 	}
 	t.setRunningLocked(os.Getpid())
 	log.G(ctx).WithField("sandbox", t.id).WithField("netns", t.netns).Info("sandbox started")

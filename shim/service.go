@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	eventstypes "github.com/containerd/containerd/api/events"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v2"
 	"github.com/containerd/containerd/api/types"
 	apitask "github.com/containerd/containerd/api/types/task"
@@ -190,10 +189,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 		return nil, err
 	}
 	withLock(&s.mu, func() { s.tasks[r.ID] = t })
-	s.events.send(&eventstypes.TaskCreate{
-		ContainerID: r.ID, Bundle: r.Bundle, Rootfs: r.Rootfs,
-		IO: &eventstypes.TaskIO{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
-	})
+	t.base().created(r.Rootfs)
 	return &taskAPI.CreateTaskResponse{}, nil
 }
 
@@ -276,9 +272,8 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 		return nil, err
 	}
 	withLock(&s.mu, func() { delete(s.tasks, r.ID) })
+	t.base().deleted()
 	_, pid, status, at := t.base().snapshot()
-	s.events.send(&eventstypes.TaskDelete{ContainerID: r.ID, ID: r.ID, Pid: uint32(pid), ExitStatus: status,
-		ExitedAt: protobuf.ToTimestamp(at)})
 	return &taskAPI.DeleteResponse{Pid: uint32(pid), ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)}, nil
 }
 
@@ -302,7 +297,6 @@ func (s *service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.E
 	if err := t.pause(ctx); err != nil {
 		return nil, err
 	}
-	s.events.send(&eventstypes.TaskPaused{ContainerID: r.ID})
 	return &ptypes.Empty{}, nil
 }
 
@@ -314,7 +308,6 @@ func (s *service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes
 	if err := t.resume(ctx); err != nil {
 		return nil, err
 	}
-	s.events.send(&eventstypes.TaskResumed{ContainerID: r.ID})
 	return &ptypes.Empty{}, nil
 }
 

@@ -91,7 +91,7 @@ func (t *vmTask) onStopped(ctx context.Context, reason vm.StopReason) {
 	var c *console
 	var pressReconnects uint64
 	withLock(&t.mu, func() {
-		live = t.status == task.Status_RUNNING || t.status == task.Status_PAUSED
+		live = t.liveLocked()
 		c, pressed, pressReconnects = t.console, t.powerPressed, t.pressReconnects
 	})
 	if !live {

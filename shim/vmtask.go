@@ -68,8 +68,8 @@ func readOnlyMounts(vmDir string) []string {
 func (t *vmTask) start(ctx context.Context) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.status != task.Status_CREATED {
-		return 0, fmt.Errorf("start %s: task is %s: %w", t.id, t.status, errdefs.ErrFailedPrecondition)
+	if err := t.allowLocked(stepStart); err != nil {
+		return 0, err
 	}
 	in, out, err := openStdio(ctx, t.stdio, t.id, t.rec.Namespace)
 	if err != nil {
@@ -195,7 +195,7 @@ func (t *vmTask) checkKill(sig uint32) (paused, done bool, err error) {
 		t.setExitedLocked(128 + sig)
 		return false, true, nil
 	}
-	return t.status == task.Status_PAUSED, false, t.checkRunningLocked("kill")
+	return t.status == task.Status_PAUSED, false, t.allowLocked(stepKill)
 }
 
 // isPowerButton tells the signals that press the VM's ACPI power button.
@@ -230,26 +230,26 @@ func (t *vmTask) holdPowerButton(ctx context.Context) bool {
 func (t *vmTask) pause(ctx context.Context) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.status != task.Status_RUNNING {
-		return fmt.Errorf("pause %s: task is %s: %w", t.id, t.status, errdefs.ErrFailedPrecondition)
+	if err := t.allowLocked(stepPause); err != nil {
+		return err
 	}
 	if err := t.h.conn.Suspend(t.rec.Domain); err != nil {
 		return err
 	}
-	t.status = task.Status_PAUSED
+	t.setPausedLocked()
 	return nil
 }
 
 func (t *vmTask) resume(ctx context.Context) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.status != task.Status_PAUSED {
-		return fmt.Errorf("resume %s: task is %s: %w", t.id, t.status, errdefs.ErrFailedPrecondition)
+	if err := t.allowLocked(stepResume); err != nil {
+		return err
 	}
 	if err := t.h.conn.Resume(t.rec.Domain); err != nil {
 		return err
 	}
-	t.status = task.Status_RUNNING
+	t.setResumedLocked()
 	if t.powerOffOnResume {
 		t.powerOffOnResume = false
 		reconnects := t.h.conn.Reconnects()
@@ -263,7 +263,7 @@ func (t *vmTask) resume(ctx context.Context) error {
 }
 
 func (t *vmTask) stats(ctx context.Context) (vm.Stats, error) {
-	if err := t.checkRunning("stats"); err != nil {
+	if err := t.allow(stepStats); err != nil {
 		return vm.Stats{}, err
 	}
 	st, err := t.h.conn.Stats(t.rec.Domain)
@@ -287,8 +287,8 @@ func (t *vmTask) stats(ctx context.Context) (vm.Stats, error) {
 func (t *vmTask) endForDelete() (*console, *netfd.Server, *vm.ExitWatch, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.status == task.Status_RUNNING || t.status == task.Status_PAUSED {
-		return nil, nil, nil, fmt.Errorf("delete %s: task is %s; kill it first: %w", t.id, t.status, errdefs.ErrFailedPrecondition)
+	if err := t.allowLocked(stepDelete); err != nil {
+		return nil, nil, nil, err
 	}
 	t.setDeletedLocked()
 	c, srv, exit := t.console, t.fdServer, t.exit
