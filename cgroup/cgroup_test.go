@@ -323,3 +323,70 @@ func TestV1Real(t *testing.T) {
 		}
 	}
 }
+
+// OOMKills reads the kill count from v1 memory.oom_control and v2
+// memory.events, and names the group when the file is missing.
+func TestOOMKills(t *testing.T) {
+	v1 := fakeV1(t)
+	v2 := Hierarchies{Unified: t.TempDir(), fake: true}
+	for _, c := range []struct {
+		h          Hierarchies
+		file, text string
+	}{
+		{v1, filepath.Join(v1.V1["memory"], "pod/vm", "memory.oom_control"), "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n"},
+		{v2, filepath.Join(v2.Unified, "pod/vm", "memory.events"), "low 0\nhigh 0\nmax 7\noom 2\noom_kill 3\noom_group_kill 0\n"},
+	} {
+		g, err := c.h.Group("/pod/vm")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err = g.OOMKills(); err == nil || !strings.Contains(err.Error(), "/pod/vm") {
+			t.Errorf("v%d without the file: %v, want an error naming the group", c.h.Version(), err)
+		}
+		if err = os.MkdirAll(filepath.Dir(c.file), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err = os.WriteFile(c.file, []byte(c.text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := g.OOMKills(); err != nil || n != 3 {
+			t.Errorf("v%d: %d kills, %v; want 3", c.h.Version(), n, err)
+		}
+	}
+}
+
+// MemoryLimit reads a pod's limit on v1 and v2; no limit, "max", the v1
+// page counter's maximum and a missing group are no limit.
+func TestMemoryLimit(t *testing.T) {
+	v1 := fakeV1(t)
+	v2 := Hierarchies{Unified: t.TempDir(), fake: true}
+	for _, c := range []struct {
+		h      Hierarchies
+		file   string
+		text   string
+		want   uint64
+		wantOK bool
+	}{
+		{v1, filepath.Join(v1.V1["memory"], "pod", "memory.limit_in_bytes"), "419430400\n", 400 << 20, true},
+		{v1, filepath.Join(v1.V1["memory"], "pod", "memory.limit_in_bytes"), "9223372036854771712\n", 0, false},
+		{v2, filepath.Join(v2.Unified, "pod", "memory.max"), "419430400\n", 400 << 20, true},
+		{v2, filepath.Join(v2.Unified, "pod", "memory.max"), "max\n", 0, false},
+	} {
+		_ = os.RemoveAll(filepath.Dir(c.file))
+		if n, ok, err := c.h.MemoryLimit("/pod"); err != nil || ok || n != 0 {
+			t.Errorf("v%d, no group: %d %v %v, want no limit", c.h.Version(), n, ok, err)
+		}
+		if err := os.MkdirAll(filepath.Dir(c.file), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(c.file, []byte(c.text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if n, ok, err := c.h.MemoryLimit("/pod"); err != nil || ok != c.wantOK || n != c.want && c.wantOK {
+			t.Errorf("v%d %q: %d %v %v, want %d %v", c.h.Version(), c.text, n, ok, err, c.want, c.wantOK)
+		}
+	}
+	if _, _, err := v1.MemoryLimit("/../x"); err == nil {
+		t.Error("a path leaving the tree was read")
+	}
+}

@@ -32,6 +32,58 @@ type Stats struct {
 	PidsCurrent, PidsLimit uint64
 }
 
+// OOMKills is how many of the group's processes the kernel's OOM killer
+// has killed: v1 memory.oom_control's oom_kill, v2 memory.events'. The
+// kernel counts a kill in the victim's own group whichever limit ran out,
+// the pod's above it included.
+func (g *Group) OOMKills() (uint64, error) {
+	r := reader{}
+	var m map[string]uint64
+	if g.h.Unified != "" {
+		m = r.keyed(filepath.Join(g.dir(""), "memory.events"))
+	} else {
+		m = r.keyed(filepath.Join(g.dir("memory"), "memory.oom_control"))
+	}
+	if r.err != nil {
+		return 0, fmt.Errorf("cgroup %s: %w", g.Path, r.err)
+	}
+	return m["oom_kill"], nil
+}
+
+// unlimitedV1 is the smallest v1 memory.limit_in_bytes that means no
+// limit: the kernel shows "none" as its page counter's maximum in bytes,
+// 9223372036854771712 with 4 KiB pages.
+const unlimitedV1 = 1 << 62
+
+// MemoryLimit reads the memory limit of the group at path (v1
+// memory.limit_in_bytes, v2 memory.max); ok is false when it has none or
+// the group does not exist (yet).
+func (h Hierarchies) MemoryLimit(path string) (limit uint64, ok bool, err error) {
+	g, err := h.Group(path)
+	if err != nil {
+		return 0, false, err
+	}
+	file := filepath.Join(g.dir("memory"), "memory.limit_in_bytes")
+	if h.Unified != "" {
+		file = filepath.Join(g.dir(""), "memory.max")
+	}
+	b, err := os.ReadFile(file)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, false, nil
+	} else if err != nil {
+		return 0, false, fmt.Errorf("cgroup %s: %w", g.Path, err)
+	}
+	s := strings.TrimSpace(string(b))
+	if s == "max" {
+		return 0, false, nil
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return 0, false, fmt.Errorf("cgroup %s: %s: %w", g.Path, filepath.Base(file), err)
+	}
+	return n, n < unlimitedV1, nil
+}
+
 // Stats reads the group's statistics.
 func (g *Group) Stats() (Stats, error) {
 	if g.h.Unified != "" {

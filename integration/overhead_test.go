@@ -65,64 +65,80 @@ func oomKills(h cgroup.Hierarchies, p string) (int, error) {
 // TestCRIOverheadNoOOM runs a 512 MiB VM whose guest touches all of its
 // RAM in a pod whose memory limit is the container's limit plus the
 // documented RuntimeClass overhead (shim.PodFixedOverheadMiB): QEMU is
-// never OOM-killed. As a control, on the first flavour the same guest in
-// a pod limited to the guest's RAM alone is OOM-killed: the pod's limit
-// does bind the VM.
+// never OOM-killed. On the first flavour, two controls: a pod limited to
+// the guest's RAM alone is refused at CreateContainer, naming the overhead
+// to declare; and a VM whose pod limit drops to the guest's RAM after it
+// started (what a sidecar eating the pod's memory does) is killed by the
+// kernel as its guest fills its RAM, which CRI reports as OOMKilled, exit
+// 137, as for a runc container.
 func TestCRIOverheadNoOOM(t *testing.T) {
 	s := requireKVM(t, "kernel", "pause")
 	h := hostCgroups(t)
 	const guest = 512 << 20
-	run := func(t *testing.T, c *containerd, overhead int64, wantKilled bool) {
-		cl := c.cri(t)
-		parent := c.podCgroup(t, h)
-		makePodCgroup(t, h, parent, guest+overhead)
+	cfgFor := func() *cri.ContainerConfig {
 		cfg := containerConfig("vm", s.images["kernel"].ref, map[string]string{"kvm.containerd.io/kernel-cmdline": "console=ttyS0 kvmguest.fill"})
 		cfg.Linux.Resources.MemoryLimitInBytes = guest
-		v := c.startVMIn(t, cl, "vm-fill", parent, cfg)
-		cid := v.cid
-		if wantKilled {
-			st := cl.waitContainerState(t, cid, cri.ContainerState_CONTAINER_EXITED, 3*bootTimeout)
-			// v1 counts the kill in QEMU's cgroup, gone with the task:
-			// the pod's failcnt shows its limit was hit.
-			hit, err := oomKills(h, parent)
-			if h.Version() == 1 {
-				var b []byte
-				b, err = os.ReadFile(filepath.Join(h.V1["memory"], parent, "memory.failcnt"))
-				hit, _ = strconv.Atoi(strings.TrimSpace(string(b)))
-			}
-			t.Logf("limit guest RAM + %d MiB: the VM exited with %d (%s); the pod's limit was hit %d time(s) (%v)", overhead>>20, st.ExitCode,
-				st.Reason, hit, err)
-			if st.ExitCode == 0 || hit < 1 {
-				t.Errorf("the VM exited with %d and the pod's limit was hit %d time(s): want an OOM kill at the pod's limit", st.ExitCode, hit)
-			}
-		} else {
-			if err := waitLog(v.logPath, "KVM-GUEST-FILLED", 3*bootTimeout); err != nil {
-				t.Fatal(err)
-			}
-			time.Sleep(5 * time.Second)
-			if st := cl.containerStatus(t, cid); st.State != cri.ContainerState_CONTAINER_RUNNING {
-				t.Errorf("the VM is %s (exit %d, %s) after its guest filled its RAM", st.State, st.ExitCode, st.Reason)
-			}
-			if n, err := oomKills(h, parent+"/"+cid); err != nil || n != 0 {
-				t.Errorf("the VM's cgroup counts %d OOM kill(s) (%v)", n, err)
-			}
-			g, _ := h.Group(parent + "/" + cid)
-			if st, err := g.Stats(); err == nil {
-				t.Logf("limit guest RAM + %d MiB: guest %s MiB filled; the VM's cgroup peaked at %d MiB", overhead>>20,
-					lastGuestLine(v.logPath, "KVM-GUEST-FILLED"), st.MemoryMaxUsage>>20)
-			}
-			if err := cl.stopContainer(v); err != nil {
-				t.Error(err)
-			}
+		return cfg
+	}
+	fills := func(t *testing.T, c *containerd) {
+		cl := c.cri(t)
+		parent := c.podCgroup(t, h)
+		makePodCgroup(t, h, parent, guest+shim.PodFixedOverheadMiB<<20)
+		v := c.startVMIn(t, cl, "vm-fill", parent, cfgFor())
+		if err := waitLog(v.logPath, "KVM-GUEST-FILLED", 3*bootTimeout); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Second)
+		if st := cl.containerStatus(t, v.cid); st.State != cri.ContainerState_CONTAINER_RUNNING {
+			t.Errorf("the VM is %s (exit %d, %s) after its guest filled its RAM", st.State, st.ExitCode, st.Reason)
+		}
+		if n, err := oomKills(h, parent+"/"+v.cid); err != nil || n != 0 {
+			t.Errorf("the VM's cgroup counts %d OOM kill(s) (%v)", n, err)
+		}
+		g, _ := h.Group(parent + "/" + v.cid)
+		if st, err := g.Stats(); err == nil {
+			t.Logf("limit guest RAM + %d MiB: guest %s MiB filled; the VM's cgroup peaked at %d MiB", shim.PodFixedOverheadMiB,
+				lastGuestLine(v.logPath, "KVM-GUEST-FILLED"), st.MemoryMaxUsage>>20)
+		}
+		if err := cl.stopContainer(v); err != nil {
+			t.Error(err)
+		}
+		cl.removePod(t, v)
+		assertNothingLeft(t, c, v.shimIDs()...)
+	}
+	refused := func(t *testing.T, c *containerd) {
+		cl := c.cri(t)
+		parent := c.podCgroup(t, h)
+		makePodCgroup(t, h, parent, guest)
+		p := c.runPodIn(t, cl, "vm-no-overhead", "kvm", nil, parent)
+		_, err := cl.createContainer(p, cfgFor())
+		want := fmt.Sprintf("overhead.podFixed memory: %dMi", shim.PodFixedOverheadMiB)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("CreateContainer in a pod limited to the guest's RAM: %v, want a refusal naming %q", err, want)
+		}
+		cl.stopAndRemovePod(t, p)
+		assertNothingLeft(t, c, shimID{nsCRI, p.id})
+	}
+	oomKilled := func(t *testing.T, c *containerd) {
+		cl := c.cri(t)
+		parent := c.podCgroup(t, h)
+		makePodCgroup(t, h, parent, guest+shim.PodFixedOverheadMiB<<20)
+		v := c.startVMIn(t, cl, "vm-oom", parent, cfgFor())
+		makePodCgroup(t, h, parent, guest) // a sidecar took the overhead
+		st := cl.waitContainerState(t, v.cid, cri.ContainerState_CONTAINER_EXITED, 3*bootTimeout)
+		t.Logf("pod limit lowered to the guest's RAM: the VM exited with %d (%s)", st.ExitCode, st.Reason)
+		if st.ExitCode != 137 || st.Reason != "OOMKilled" {
+			t.Errorf("the VM exited with %d (%s), want 137 (OOMKilled)", st.ExitCode, st.Reason)
 		}
 		cl.removePod(t, v)
 		assertNothingLeft(t, c, v.shimIDs()...)
 	}
 	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
 		c.cleanupAfter(t)
-		t.Run("documented overhead", func(t *testing.T) { run(t, c, shim.PodFixedOverheadMiB<<20, false) })
+		t.Run("documented overhead", func(t *testing.T) { fills(t, c) })
 		if c == s.flavours[0] {
-			t.Run("no overhead", func(t *testing.T) { run(t, c, 0, true) })
+			t.Run("no overhead", func(t *testing.T) { refused(t, c) })
+			t.Run("OOM killed", func(t *testing.T) { oomKilled(t, c) })
 		}
 	})
 }

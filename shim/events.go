@@ -72,6 +72,8 @@ func topic(e any) string {
 		return runtime.TaskExecAddedEventTopic
 	case *eventstypes.TaskExecStarted:
 		return runtime.TaskExecStartedEventTopic
+	case *eventstypes.TaskOOM:
+		return runtime.TaskOOMEventTopic
 	}
 	return runtime.TaskUnknownTopic
 }

@@ -160,6 +160,13 @@ func (p *proc) setResumedLocked() {
 	p.publish(&eventstypes.TaskResumed{ContainerID: p.id})
 }
 
+// oomLocked queues TaskOOM: the kernel's OOM killer ended the task's
+// process. It comes before the TaskExit, as containerd's runc shim sends
+// it, so CRI reports the exit as OOMKilled.
+func (p *proc) oomLocked() {
+	p.publish(&eventstypes.TaskOOM{ContainerID: p.id})
+}
+
 // created queues TaskCreate (the service calls it once the task is in its
 // table) and, for an exec, TaskExecAdded.
 func (p *proc) created(rootfs []*types.Mount) {

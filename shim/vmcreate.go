@@ -105,6 +105,9 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	if err != nil {
 		return nil, err
 	}
+	if err = checkPodMemory(h, cg, set.memMiB); err != nil {
+		return nil, err
+	}
 	vols, err := classifyVolumes(ctx, r.spec)
 	if err != nil {
 		return nil, err
@@ -356,7 +359,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		WithField("took", ph.String()).Info("defined VM")
 	return &vmTask{proc: newProc(r.id, r.bundle, r.stdio, publish), h: h, rec: rec, fdServer: fdServer, cgroup: cg,
 		shares: len(spec.Shares), vcpus: set.vcpus, plugged: set.vcpus, memMiB: set.memMiB, maxVCPUs: max(set.maxVCPUs,
-			set.vcpus), mem: memSize}, nil
+			set.vcpus), mem: memSize, oomScoreAdj: oomScoreAdj(r.spec)}, nil
 }
 
 // abandonIfCallerGone undoes a VM task whose Create outlived its caller:

@@ -114,13 +114,23 @@ func (t *vmTask) onStopped(ctx context.Context, reason vm.StopReason) {
 	if c != nil {
 		c.waitDrained(2 * time.Second)
 	}
+	oom := t.killedForMemory(ctx, reason)
 	var published bool
 	var status uint32
 	withLock(&t.mu, func() {
-		published = t.setExitedLocked(reason.ExitStatus())
+		if oom && t.liveLocked() {
+			t.oomLocked()
+			published = t.setExitedLocked(oomKilledStatus)
+		} else {
+			published = t.setExitedLocked(reason.ExitStatus())
+		}
 		status = t.exitStatus
 	})
-	if published {
+	if published && oom {
+		log.G(ctx).WithField("vm", t.rec.Domain).WithField("exitStatus", status).
+			Warn("VM stopped: the kernel's OOM killer ended its QEMU (the pod's memory limit cannot hold the guest's RAM and QEMU's " +
+				"overhead: declare the RuntimeClass overhead, see docs/resources.md)")
+	} else if published {
 		log.G(ctx).WithField("vm", t.rec.Domain).WithField("reason", reason).WithField("exitStatus", status).Info("VM stopped")
 	}
 }

@@ -32,7 +32,15 @@ type vmTask struct {
 	console  *console      // guarded by mu
 	fdServer *netfd.Server // hands the VM's network descriptors to its QEMU; nil without network
 	cgroup   *cgroup.Group // QEMU's cgroup (the pod's); nil for none
-	shares   int           // virtiofs shares: libvirt runs a virtiofsd for each
+	// oomScoreAdj is the spec's process.oomScoreAdj (kubelet's QoS
+	// policy), given to QEMU at Start as runc gives it to a container's
+	// process; nil leaves QEMU's own.
+	oomScoreAdj *int
+	// oomKills is the cgroup's OOM kill count at Start; more at a crash
+	// means the kernel killed QEMU for memory (see exitStatusFor).
+	// Guarded by mu.
+	oomKills uint64
+	shares   int // virtiofs shares: libvirt runs a virtiofsd for each
 
 	powerOffOnResume bool // guarded by mu: a SIGTERM came while paused
 	// powerPressed: the ACPI power button was pressed (a shutdown was
@@ -103,6 +111,12 @@ func (t *vmTask) start(ctx context.Context) (int, error) {
 	}
 	if err == nil {
 		err = t.chargeVirtiofsd(ctx)
+	}
+	if err == nil {
+		err = setOOMScoreAdj(pid, t.oomScoreAdj)
+	}
+	if err == nil {
+		t.oomKills = t.oomKillsNow(ctx)
 	}
 	if err == nil {
 		err = t.h.conn.Resume(name)

@@ -5,13 +5,23 @@ package e2e
 // The objects the tests apply, as Go values that encoding/json turns into
 // the manifests a user would write.
 
+import (
+	"fmt"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/shim"
+)
+
 type obj = map[string]any
 
+// runtimeClass is the RuntimeClass docs/install.md gives: with the
+// overhead the shim asks for (a VM pod without it is refused at
+// CreateContainer: its pod's limit cannot hold QEMU beside the guest).
 func runtimeClass() obj {
 	return obj{
 		"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
 		"metadata": obj{"name": "kvm"},
 		"handler":  "kvm",
+		"overhead": obj{"podFixed": obj{"memory": fmt.Sprintf("%dMi", shim.PodFixedOverheadMiB)}},
 	}
 }
 
