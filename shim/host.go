@@ -44,34 +44,7 @@ type host struct {
 	// charges nothing (no usable cgroups, unit tests).
 	cgroups *cgroup.Hierarchies
 
-	// exitTiming holds the waits of a VM's exit; the zero value is the
-	// shim's (defaultExitSettle, defaultQEMUEndWait), and unit tests set
-	// shorter ones on their host.
-	exitTiming exitTiming
-
 	warned sync.Map // what warnOnce already said
-}
-
-// exitTiming are the waits of a VM's exit (vmexit.go); zero is the default.
-type exitTiming struct {
-	settle  time.Duration // see defaultExitSettle
-	qemuEnd time.Duration // see defaultQEMUEndWait
-}
-
-// exitSettle is how long a VM may still run to libvirt after its QEMU ended.
-func (h *host) exitSettle() time.Duration {
-	if h.exitTiming.settle > 0 {
-		return h.exitTiming.settle
-	}
-	return defaultExitSettle
-}
-
-// qemuEndWait is how long a failed call waits for a dying QEMU's pidfd.
-func (h *host) qemuEndWait() time.Duration {
-	if h.exitTiming.qemuEnd > 0 {
-		return h.exitTiming.qemuEnd
-	}
-	return defaultQEMUEndWait
 }
 
 // warnOnce logs a warning the first time key comes up in this shim.

@@ -39,16 +39,16 @@ func (t *vmTask) resync(ctx context.Context) {
 	}
 }
 
-// defaultExitSettle is how long after its QEMU ended a VM may still be
-// running to libvirt: libvirtd reaps QEMU and records why it stopped
-// within milliseconds, or, when it was away, once it is back and
-// reconnects to its domains.
-const defaultExitSettle = 30 * time.Second
+// exitSettle is how long after its QEMU ended a VM may still be running
+// to libvirt: libvirtd reaps QEMU and records why it stopped within
+// milliseconds, or, when it was away, once it is back and reconnects to
+// its domains. Tests wait it out in a synctest bubble's fake time.
+const exitSettle = 30 * time.Second
 
 // followExit records the VM's exit once its QEMU has ended, with the
 // reason libvirt gives. Until libvirt has the domain shut off (libvirtd
 // may be away, or not yet have reaped QEMU) it asks again; after
-// the host's exitSettle the exit is recorded as what a returning libvirtd would
+// exitSettle the exit is recorded as what a returning libvirtd would
 // report, "crashed" (onStopped decides what that counts as).
 func (t *vmTask) followExit(ctx context.Context, w *vm.ExitWatch) {
 	select {
@@ -71,9 +71,9 @@ func (t *vmTask) followExit(ctx context.Context, w *vm.ExitWatch) {
 		case err == nil && !st.Running:
 			t.onStopped(ctx, st.Reason)
 			return
-		case time.Since(gone) > t.h.exitSettle():
+		case time.Since(gone) > exitSettle:
 			log.G(ctx).WithError(err).WithField("vm", t.rec.Domain).
-				Warnf("QEMU ended %v ago and libvirt does not have the domain shut off: recording the exit as libvirt's \"crashed\"", t.h.exitSettle())
+				Warnf("QEMU ended %v ago and libvirt does not have the domain shut off: recording the exit as libvirt's \"crashed\"", exitSettle)
 			t.onStopped(ctx, vm.StopCrashed)
 			return
 		}
@@ -135,10 +135,10 @@ func (t *vmTask) onStopped(ctx context.Context, reason vm.StopReason) {
 	}
 }
 
-// defaultQEMUEndWait is how long a failed call waits for the pidfd of a
+// qemuEndWait is how long a failed call waits for the pidfd of a
 // QEMU that may be dying: libvirtd can see its monitor close a moment
 // before the exit is reported.
-const defaultQEMUEndWait = time.Second
+const qemuEndWait = time.Second
 
 // qemuEnded tells whether the VM's QEMU has exited, waiting up to wait for
 // its pidfd to say so.

@@ -189,7 +189,7 @@ func (t *vmTask) kill(ctx context.Context, sig uint32) error {
 			return nil
 		}
 	}
-	if err != nil && t.qemuEnded(t.h.qemuEndWait()) {
+	if err != nil && t.qemuEnded(qemuEndWait) {
 		// QEMU died as the call reached its monitor, before libvirt had
 		// the domain shut off ("Unable to read from monitor: Connection
 		// reset by peer", the fault cell stopping/qemu): the process has

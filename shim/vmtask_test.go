@@ -11,6 +11,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
@@ -474,15 +475,32 @@ func TestVMTaskPowerOffWhileLibvirtdAwayEndsAfterTheReconnect(t *testing.T) {
 }
 
 // QEMU gone and libvirt never saying so (it stays away past exitSettle)
-// is recorded as the crash libvirtd reports when it finds QEMU gone.
+// is recorded as the crash libvirtd reports when it finds QEMU gone: not
+// before exitSettle, and then at once. The 30 s pass in a synctest
+// bubble's fake time; the task has no console, whose socket reads would
+// keep the bubble from ever being idle.
 func TestVMTaskExitWhenLibvirtNeverSettles(t *testing.T) {
-	f := newVMFixture(t)
-	f.host.exitTiming.settle = 300 * time.Millisecond
-	vt := f.started()
-	f.fake.qemuGone(vt.rec.Domain)
-	if got := waitExit(t, vt); got != vm.ExitFailed {
-		t.Errorf("exit %d, want %d", got, vm.ExitFailed)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		fake := newFakeDomains()
+		// Running, with no console listener (its Accept would never idle).
+		fake.doms["vm1-domain"] = &fakeDomain{running: true, exited: make(chan struct{})}
+		vt := &vmTask{proc: newProc("vm1", t.TempDir(), stdio{}, func(any) {}), h: &host{conn: fake}, rec: taskRecord{Domain: "vm1-domain"}}
+		withLock(&vt.mu, func() { vt.setRunningLocked(4242) })
+		w, err := fake.WatchExit("vm1-domain", 4242)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go vt.followExit(context.Background(), w)
+		start := time.Now()
+		fake.qemuGone("vm1-domain") // libvirt still says running
+		<-vt.exited
+		if waited := time.Since(start); waited < exitSettle || waited > exitSettle+2*time.Second {
+			t.Errorf("exit recorded after %v, want just after exitSettle (%v)", waited, exitSettle)
+		}
+		if _, _, st, _ := vt.snapshot(); st != vm.ExitFailed {
+			t.Errorf("exit %d, want %d", st, vm.ExitFailed)
+		}
+	})
 }
 
 func TestVMTaskResyncFindsMissedExit(t *testing.T) {
