@@ -66,7 +66,8 @@ func oomKills(h cgroup.Hierarchies, p string) (int, error) {
 // RAM in a pod whose memory limit is the container's limit plus the
 // documented RuntimeClass overhead (shim.PodFixedOverheadMiB): QEMU is
 // never OOM-killed. On the first flavour, two controls: a pod limited to
-// the guest's RAM alone is refused at CreateContainer, naming the overhead
+// the guest's RAM alone is refused at StartContainer (where containerd
+// creates the task), naming the overhead
 // to declare; and a VM whose pod limit drops to the guest's RAM after it
 // started (what a sidecar eating the pod's memory does) is killed by the
 // kernel as its guest fills its RAM, which CRI reports as OOMKilled, exit
@@ -111,12 +112,18 @@ func TestCRIOverheadNoOOM(t *testing.T) {
 		parent := c.podCgroup(t, h)
 		makePodCgroup(t, h, parent, guest)
 		p := c.runPodIn(t, cl, "vm-no-overhead", "kvm", nil, parent)
-		_, err := cl.createContainer(p, cfgFor())
+		cid, err := cl.createContainer(p, cfgFor())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := criCtx()
+		defer cancel()
+		_, err = cl.Runtime.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: cid})
 		want := fmt.Sprintf("overhead.podFixed memory: %dMi", shim.PodFixedOverheadMiB)
 		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("CreateContainer in a pod limited to the guest's RAM: %v, want a refusal naming %q", err, want)
+			t.Errorf("StartContainer in a pod limited to the guest's RAM: %v, want a refusal naming %q", err, want)
 		}
-		cl.stopAndRemovePod(t, p)
+		cl.removePod(t, &podContainer{pod: p, cid: cid})
 		assertNothingLeft(t, c, shimID{nsCRI, p.id})
 	}
 	oomKilled := func(t *testing.T, c *containerd) {

@@ -15,7 +15,7 @@ type obj = map[string]any
 
 // runtimeClass is the RuntimeClass docs/install.md gives: with the
 // overhead the shim asks for (a VM pod without it is refused at
-// CreateContainer: its pod's limit cannot hold QEMU beside the guest).
+// StartContainer: its pod's limit cannot hold QEMU beside the guest).
 func runtimeClass() obj {
 	return obj{
 		"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
