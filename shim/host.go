@@ -120,10 +120,11 @@ func newHost(ctx context.Context, cfg Config, kvm vm.KVMInfo) (*host, error) {
 			return nil, dirsErr
 		}
 	}
-	conn, err := vm.Connect(ctx, cfg.LibvirtSocket)
+	vc, err := vm.Connect(ctx, cfg.LibvirtSocket)
 	if err != nil {
 		return nil, err
 	}
+	conn := newBoundedDomains(vc)
 	if err := reconcileNUMA(ctx, store, conn.Domains); err != nil {
 		log.G(ctx).WithError(err).Warn("reconcile NUMA reservations")
 	}
@@ -139,7 +140,7 @@ func newHost(ctx context.Context, cfg Config, kvm vm.KVMInfo) (*host, error) {
 		cgroups = &hs
 	}
 	return &host{
-		cfg: cfg, accel: accel, conn: conn, events: conn.Events(), close: conn.Close, layout: l,
+		cfg: cfg, accel: accel, conn: conn, events: vc.Events(), close: vc.Close, layout: l,
 		qemuUID: uid, qemuGID: gid, fdSocketDir: netfd.SocketDir, numa: store, ids: ids, cgroups: cgroups,
 	}, nil
 }

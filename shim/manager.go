@@ -185,7 +185,7 @@ func (Manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 			return status, fmt.Errorf("clean up VM %s: %w", rec.Domain, err)
 		}
 		defer conn.Close()
-		return status, releaseVM(ctx, conn, rec, bundle)
+		return status, releaseVM(ctx, newBoundedDomains(conn), rec, bundle)
 	}
 	return status, fmt.Errorf("task record of %s has unknown kind %q", id, rec.Kind)
 }

@@ -1,0 +1,188 @@
+package shim
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
+)
+
+// go-libvirt's calls take no context and wait for libvirtd's answer as
+// long as it takes: a libvirtd stopped with SIGSTOP, or hung in a kernel
+// call, would hold every task call, and the task's lock with it, until it
+// answers. boundedDomains puts a bound on each call instead (issue 27):
+//
+//   - a query (state, statistics, metadata, pids) answers within
+//     queryBound, a change of a domain (define, start, stop, resize)
+//     within changeBound, a call with its own timeout (the guest agent)
+//     within that plus queryBound; past it the call is DeadlineExceeded;
+//   - while a call is still unanswered past its bound, every other call
+//     fails at once with Unavailable, so a task call that makes several
+//     libvirt calls waits for one bound at most;
+//   - when libvirtd answers again (the late call returns), calls go
+//     through again, with no restart of anything.
+//
+// A late change may still be carried out once libvirtd resumes (a Define
+// or a Start that timed out): the task call has failed and rolled back by
+// then, and what the late call leaves is a domain whose VM directory is
+// gone, which the sweep removes (sweep.go).
+type boundedDomains struct {
+	domains
+	query, change time.Duration
+	// late counts the calls still running past their bound.
+	late atomic.Int64
+}
+
+const (
+	queryBound  = 20 * time.Second
+	changeBound = 60 * time.Second
+)
+
+func newBoundedDomains(d domains) *boundedDomains {
+	return &boundedDomains{domains: d, query: queryBound, change: changeBound}
+}
+
+var _ domains = (*boundedDomains)(nil)
+
+// bounded runs fn within bound, as described on boundedDomains.
+func bounded[T any](b *boundedDomains, what string, bound time.Duration, fn func() (T, error)) (T, error) {
+	var zero T
+	if n := b.late.Load(); n > 0 {
+		return zero, fmt.Errorf("libvirt %s: libvirtd has not answered %d earlier call(s) within their bound: %w", what, n,
+			errdefs.ErrUnavailable)
+	}
+	type result struct {
+		v   T
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		if err := callSafe(context.Background(), "libvirt "+what, func() { r.v, r.err = fn() }); err != nil {
+			r.err = err
+		}
+		done <- r
+	}()
+	timer := time.NewTimer(bound)
+	defer timer.Stop()
+	select {
+	case r := <-done:
+		return r.v, r.err
+	case <-timer.C:
+	}
+	b.late.Add(1)
+	go func() {
+		<-done
+		b.late.Add(-1)
+	}()
+	return zero, fmt.Errorf("libvirt %s: libvirtd did not answer within %v: %w", what, bound, context.DeadlineExceeded)
+}
+
+// boundedErr is bounded for a call that returns only an error.
+func boundedErr(b *boundedDomains, what string, bound time.Duration, fn func() error) error {
+	_, err := bounded(b, what, bound, func() (struct{}, error) { return struct{}{}, fn() })
+	return err
+}
+
+func (b *boundedDomains) Define(x []byte) error {
+	return boundedErr(b, "define", b.change, func() error { return b.domains.Define(x) })
+}
+
+func (b *boundedDomains) Start(name string, paused bool) error {
+	return boundedErr(b, "start", b.change, func() error { return b.domains.Start(name, paused) })
+}
+
+func (b *boundedDomains) Resume(name string) error {
+	return boundedErr(b, "resume", b.change, func() error { return b.domains.Resume(name) })
+}
+
+func (b *boundedDomains) Suspend(name string) error {
+	return boundedErr(b, "suspend", b.change, func() error { return b.domains.Suspend(name) })
+}
+
+func (b *boundedDomains) Shutdown(name string) error {
+	return boundedErr(b, "shutdown", b.change, func() error { return b.domains.Shutdown(name) })
+}
+
+func (b *boundedDomains) Destroy(name string) error {
+	return boundedErr(b, "destroy", b.change, func() error { return b.domains.Destroy(name) })
+}
+
+func (b *boundedDomains) Undefine(name string) error {
+	return boundedErr(b, "undefine", b.change, func() error { return b.domains.Undefine(name) })
+}
+
+func (b *boundedDomains) SetVCPUs(name string, n int) error {
+	return boundedErr(b, "set vCPUs", b.change, func() error { return b.domains.SetVCPUs(name, n) })
+}
+
+func (b *boundedDomains) State(name string) (vm.State, error) {
+	return bounded(b, "state", b.query, func() (vm.State, error) { return b.domains.State(name) })
+}
+
+func (b *boundedDomains) Stats(name string) (vm.Stats, error) {
+	return bounded(b, "stats", b.query, func() (vm.Stats, error) { return b.domains.Stats(name) })
+}
+
+func (b *boundedDomains) Metadata(name string) (vm.Metadata, error) {
+	return bounded(b, "metadata", b.query, func() (vm.Metadata, error) { return b.domains.Metadata(name) })
+}
+
+func (b *boundedDomains) PID(name string) (int, error) {
+	return bounded(b, "pid", b.query, func() (int, error) { return b.domains.PID(name) })
+}
+
+func (b *boundedDomains) WatchExit(name string, pid int) (*vm.ExitWatch, error) {
+	return bounded(b, "watch exit", b.query, func() (*vm.ExitWatch, error) { return b.domains.WatchExit(name, pid) })
+}
+
+func (b *boundedDomains) VirtiofsdPIDs(name string) (daemons, all []int, err error) {
+	type pids struct{ daemons, all []int }
+	p, err := bounded(b, "virtiofsd pids", b.query, func() (pids, error) {
+		d, a, e := b.domains.VirtiofsdPIDs(name)
+		return pids{d, a}, e
+	})
+	return p.daemons, p.all, err
+}
+
+func (b *boundedDomains) AgentCommand(name string, cmd []byte, timeout time.Duration) ([]byte, error) {
+	return bounded(b, "guest agent command", timeout+b.query, func() ([]byte, error) { return b.domains.AgentCommand(name, cmd, timeout) })
+}
+
+func (b *boundedDomains) SetAgentTimeout(name string, timeout time.Duration) error {
+	return boundedErr(b, "set agent timeout", b.query, func() error { return b.domains.SetAgentTimeout(name, timeout) })
+}
+
+func (b *boundedDomains) VCPUs(name string) (int, error) {
+	return bounded(b, "vCPUs", b.query, func() (int, error) { return b.domains.VCPUs(name) })
+}
+
+func (b *boundedDomains) SetGuestVCPUs(name string, n int, timeout time.Duration) error {
+	return boundedErr(b, "set guest vCPUs", timeout+b.query, func() error { return b.domains.SetGuestVCPUs(name, n, timeout) })
+}
+
+func (b *boundedDomains) GuestVCPUs(name string) (int, error) {
+	return bounded(b, "guest vCPUs", b.query, func() (int, error) { return b.domains.GuestVCPUs(name) })
+}
+
+func (b *boundedDomains) RequestMemory(name string, mib int, timeout time.Duration) (vm.PluggedMemory, error) {
+	return bounded(b, "request memory", timeout+b.change, func() (vm.PluggedMemory, error) {
+		return b.domains.RequestMemory(name, mib, timeout)
+	})
+}
+
+func (b *boundedDomains) Plugged(name string) (vm.PluggedMemory, error) {
+	return bounded(b, "plugged memory", b.query, func() (vm.PluggedMemory, error) { return b.domains.Plugged(name) })
+}
+
+func (b *boundedDomains) Domains() (map[string]vm.Metadata, error) {
+	return bounded(b, "list domains", b.query, func() (map[string]vm.Metadata, error) { return b.domains.Domains() })
+}
+
+func (b *boundedDomains) Identity(name string) (*vm.Identity, error) {
+	return bounded(b, "identity", b.query, func() (*vm.Identity, error) { return b.domains.Identity(name) })
+}
