@@ -2,6 +2,7 @@ package shim
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,8 +13,10 @@ import (
 	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
+	"github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/cgroup"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
@@ -159,5 +162,52 @@ func TestCreateRefusesPodWithoutOverhead(t *testing.T) {
 			t.Errorf("pod of %d MiB: %v, want InvalidArgument naming the overhead to declare", c.podMiB, err)
 		}
 		assertGone(t, filepath.Join(f.bundle, recordFile), filepath.Join(v1["memory"], "pod1", "vm1"), filepath.Join(f.host.cfg.StateDir, "vms"))
+	}
+}
+
+// A full state directory (ENOSPC, on a real tmpfs of 1 MiB): Create fails
+// with the error that names it and leaves nothing in the state dir, the
+// bundle, the NUMA and id stores or libvirt; a VM made before the disk
+// filled keeps running.
+func TestCreateWithAFullStateDir(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a tmpfs")
+	}
+	f := newVMFixture(t)
+	state := t.TempDir()
+	if err := unix.Mount("tmpfs", state, "tmpfs", 0, "size=1m"); err != nil {
+		t.Skipf("mount a tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(state, unix.MNT_DETACH) })
+	f.host.cfg.StateDir, f.host.layout = state, layout{root: state}
+	running := f.started()
+
+	fill, err := os.Create(filepath.Join(state, "fill"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = fill.Write(make([]byte, 2<<20))
+	_ = fill.Close()
+	if !errors.Is(err, unix.ENOSPC) {
+		t.Fatalf("filling the state dir: %v, want ENOSPC", err)
+	}
+	g := &vmFixture{t: t, fake: f.fake, host: f.host, events: &eventLog{}, bundle: t.TempDir(), id: "vm2"}
+	g.kernelRootfs()
+	before, _ := os.ReadDir(filepath.Join(state, "vms"))
+	_, err = g.createSpec(&specs.Spec{Annotations: map[string]string{}, Process: &specs.Process{}})
+	if err == nil || !strings.Contains(err.Error(), "no space left on device") {
+		t.Fatalf("Create with a full state dir: %v, want the ENOSPC named", err)
+	}
+	t.Logf("Create with a full state dir: %v", err)
+	after, _ := os.ReadDir(filepath.Join(state, "vms"))
+	if len(after) != len(before) {
+		t.Errorf("the state dir's vms went from %d to %d entries", len(before), len(after))
+	}
+	assertGone(t, filepath.Join(g.bundle, recordFile))
+	if n := len(f.fake.doms); n != 1 {
+		t.Errorf("%d domains defined, want only the running VM's", n)
+	}
+	if st, _, _, _ := running.snapshot(); st != task.Status_RUNNING {
+		t.Errorf("the VM made before is %s", st)
 	}
 }

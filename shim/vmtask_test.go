@@ -57,7 +57,8 @@ type vmFixture struct {
 	bundle string
 	// cgroupsPath is the spec's linux.cgroupsPath ("" for no Linux section).
 	cgroupsPath string
-	stdio       stdio // the task's
+	stdio       stdio  // the task's
+	id          string // the container's id; "" is vm1
 }
 
 func newVMFixture(t *testing.T) *vmFixture {
@@ -106,8 +107,12 @@ func (f *vmFixture) createSpec(spec *specs.Spec) (*vmTask, error) {
 	if spec.Annotations == nil {
 		spec.Annotations = map[string]string{}
 	}
-	ident := vmIdentity{Namespace: "default", ContainerID: "vm1"}
-	req := createRequest{id: "vm1", bundle: f.bundle, spec: spec, stdio: f.stdio}
+	id := f.id
+	if id == "" {
+		id = "vm1"
+	}
+	ident := vmIdentity{Namespace: "default", ContainerID: id}
+	req := createRequest{id: id, bundle: f.bundle, spec: spec, stdio: f.stdio}
 	vt, err := createVMTask(context.Background(), f.host, req, ident, f.events.publish)
 	if err == nil {
 		// Tests that never delete the task must not leave bind mounts
