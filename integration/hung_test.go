@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"golang.org/x/sys/unix"
+	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
 )
