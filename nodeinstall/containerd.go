@@ -143,12 +143,14 @@ func declaresRuntime(m map[string]any, v ConfigVersion, name string) bool {
 	return ok
 }
 
+var configPathLine = regexp.MustCompile(`(?m)^(\s*ConfigPath = ).*$`)
+
 // payloadSnippet reads one of deploy/deb's containerd snippets from the
-// payload.
+// payload, with the runtime's ConfigPath set to where the shim config is.
 func (l Layout) payloadSnippet(name string) ([]byte, error) {
 	b, err := os.ReadFile(filepath.Join(l.Payload, "containerd", name))
 	if err != nil {
 		return nil, fmt.Errorf("installer payload: %w", err)
 	}
-	return b, nil
+	return configPathLine.ReplaceAll(b, []byte("${1}"+strconv.Quote(l.ShimConfig))), nil
 }

@@ -42,7 +42,7 @@ func TestConfigLoadsInRealContainerd(t *testing.T) {
 			}
 			dump := strings.ReplaceAll(string(out), "'", `"`) // 2.x dumps single-quoted strings
 			for _, want := range []string{`runtimes.kvm]`, `runtime_type = "io.containerd.kvm.v1"`, `runtimes.runc]`, `bin_dir = "/usr/lib/cni"`,
-				`ConfigPath = "/etc/containerd-shim-kvm-v1/config.toml"`} {
+				`ConfigPath = "` + l.ShimConfig + `"`} {
 				if !strings.Contains(dump, want) {
 					t.Errorf("containerd's merged config lacks %s:\n%s", want, dump)
 				}
