@@ -11,10 +11,11 @@
 #   VERSION     the version (the Makefile's, from git describe); the tag is
 #               it with any character a tag cannot hold made "_"
 #   DEPLOY_OUT  output directory (default _output/deploy)
+#   DEPLOY_BIN  where the three binaries are (default _output/bin)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BIN=$ROOT/_output/bin
+BIN=${DEPLOY_BIN:-$ROOT/_output/bin}
 OUT=${DEPLOY_OUT:-$ROOT/_output/deploy}
 PKG=containerd-shim-kvm-v1
 NAME=localhost/kvm-shim-installer
