@@ -265,6 +265,8 @@ func (c *Cluster) apiserverProcess() *process {
 		"--service-account-key-file="+p.ServiceAccountPub,
 		"--service-account-signing-key-file="+p.ServiceAccountKey,
 		"--authorization-mode=Node,RBAC",
+		// The node installer's DaemonSet is privileged (devices for check).
+		"--allow-privileged=true",
 		"--enable-admission-plugins=NodeRestriction",
 		"--profiling=false",
 		"--v=1")
