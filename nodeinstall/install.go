@@ -110,14 +110,10 @@ func (in *Installer) install(ctx context.Context, node *kubeapi.Node) (Result, e
 	if res.Wrote, err = in.apply(ctx, p, configs, rec); err != nil {
 		return res, err
 	}
-	for _, c := range configs {
-		if c.changed() {
-			log.G(ctx).WithField("containerd_version", version).Info("containerd's runtime configuration changed: restarting containerd")
-			if rerr := in.Restart.Restart(ctx); rerr != nil {
-				return res, rerr
-			}
-			res.Restarted = true
-			break
+	if rec.RestartPending {
+		log.G(ctx).WithField("containerd_version", version).Info("containerd's runtime configuration changed: restarting containerd")
+		if res.Restarted, err = in.restart(ctx, rec); err != nil {
+			return res, err
 		}
 	}
 	res.Check, err = in.Check.Check(ctx, CheckRequest{Shim: l.ShimPath(), ShimConfig: l.ShimConfig, ContainerdConfig: l.ContainerdConfig})
@@ -137,6 +133,9 @@ func (in *Installer) apply(ctx context.Context, p *payload, configs []configFile
 			o.Mode = fi.Mode().Perm()
 		}
 		rec.Originals[c.path] = o
+	}
+	for _, c := range configs {
+		rec.RestartPending = rec.RestartPending || c.changed()
 	}
 	// The record first: a crash after a config write still finds it.
 	if err := l.saveRecord(rec); err != nil {
@@ -167,6 +166,15 @@ func (in *Installer) apply(ctx context.Context, p *payload, configs []configFile
 		log.G(ctx).WithField("path", w).Info("wrote")
 	}
 	return wrote, l.saveRecord(rec)
+}
+
+// restart restarts containerd and clears the record's pending restart.
+func (in *Installer) restart(ctx context.Context, rec *record) (bool, error) {
+	if err := in.Restart.Restart(ctx); err != nil {
+		return false, err
+	}
+	rec.RestartPending = false
+	return true, in.Layout.saveRecord(rec)
 }
 
 // event records an event about the node; failing to is logged, not

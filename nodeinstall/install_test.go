@@ -388,3 +388,51 @@ func TestFailedChecks(t *testing.T) {
 		t.Fatalf("FailedChecks = %q", got)
 	}
 }
+
+// failingRestarter fails its first restart, as a containerd that does not
+// come back in time.
+type failingRestarter struct{ calls, fails int }
+
+func (r *failingRestarter) Restart(context.Context) error {
+	r.calls++
+	if r.calls <= r.fails {
+		return errors.New("containerd did not come back")
+	}
+	return nil
+}
+
+// TestFailedRestartIsRetried: the configuration is written but the
+// restart fails; the next run (config now unchanged) still restarts, and
+// only once.
+func TestFailedRestartIsRetried(t *testing.T) {
+	for _, mode := range []string{"install", "uninstall"} {
+		t.Run(mode, func(t *testing.T) {
+			r := newRig(t, "containerd://2.2.1")
+			r.hostFile(t, "/etc/containerd/config.toml", configV3)
+			fr := &failingRestarter{}
+			r.in.Restart = fr
+			run := func() (Result, error) {
+				if mode == "install" {
+					return r.in.Install(context.Background())
+				}
+				return r.in.Uninstall(context.Background(), UninstallOptions{})
+			}
+			if mode == "uninstall" {
+				if _, err := r.in.Install(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			fr.calls, fr.fails = 0, 1
+			if _, err := run(); err == nil {
+				t.Fatal("a failed restart was not reported")
+			}
+			res, err := run()
+			if err != nil || !res.Restarted || fr.calls != 2 {
+				t.Fatalf("rerun after a failed restart: %+v, %v, restarts tried %d; want one more", res, err, fr.calls)
+			}
+			if res, err := run(); err != nil || res.Restarted || fr.calls != 2 {
+				t.Fatalf("third run: %+v, %v, restarts tried %d; want none", res, err, fr.calls)
+			}
+		})
+	}
+}

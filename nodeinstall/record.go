@@ -32,6 +32,10 @@ type record struct {
 	Written map[string]string `json:"written"`
 	// ShimConfigCreated: the shim config did not exist before.
 	ShimConfigCreated bool `json:"shim_config_created"`
+	// RestartPending: containerd's configuration was changed and
+	// containerd has not been restarted since (the restart failed, or the
+	// installer died first): the next run restarts it.
+	RestartPending bool `json:"restart_pending,omitempty"`
 }
 
 func digest(b []byte) string {

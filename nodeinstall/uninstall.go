@@ -59,12 +59,11 @@ func (in *Installer) Uninstall(ctx context.Context, o UninstallOptions) (Result,
 	if err != nil {
 		return res, err
 	}
-	if len(restored) > 0 {
+	if rec.RestartPending || len(restored) > 0 {
 		log.G(ctx).WithField("paths", restored).Info("containerd's configuration restored: restarting containerd")
-		if err := in.Restart.Restart(ctx); err != nil {
+		if res.Restarted, err = in.restart(ctx, rec); err != nil {
 			return res, err
 		}
-		res.Restarted = true
 	}
 	if err := l.removeFiles(rec); err != nil {
 		return res, err
@@ -136,7 +135,9 @@ func (l Layout) restoreConfigs(rec *record, force bool) ([]string, error) {
 		if err != nil {
 			return nil, err
 		}
-		if !force && exists && digest(have) != rec.Written[p] {
+		o := rec.Originals[p]
+		restoredAlready := o.Exists == exists && bytes.Equal(have, o.Data)
+		if !force && exists && !restoredAlready && digest(have) != rec.Written[p] {
 			return nil, fmt.Errorf("%s changed since the installer wrote it; restore it by hand or uninstall with --force "+
 				"(which puts back the original), nothing changed: %w", p, errdefs.ErrFailedPrecondition)
 		}
@@ -148,17 +149,24 @@ func (l Layout) restoreConfigs(rec *record, force bool) ([]string, error) {
 		if err != nil {
 			return restored, err
 		}
+		if o.Exists == exists && bytes.Equal(have, o.Data) {
+			continue
+		}
+		if !rec.RestartPending { // before the first write: a crash still restarts
+			rec.RestartPending = true
+			if serr := l.saveRecord(rec); serr != nil {
+				return restored, serr
+			}
+		}
 		switch {
-		case o.Exists && (!exists || !bytes.Equal(have, o.Data)):
+		case o.Exists:
 			perm := o.Mode
 			if perm == 0 {
 				perm = 0o644
 			}
 			err = atomicfile.WriteFile(l.host(p), o.Data, atomicfile.Options{Perm: perm, Durability: atomicfile.SyncAll})
-		case !o.Exists && exists:
-			err = os.Remove(l.host(p))
 		default:
-			continue
+			err = os.Remove(l.host(p))
 		}
 		if err != nil {
 			return restored, err
