@@ -62,6 +62,9 @@ type podStatus struct {
 		Name string `json:"name"`
 		UID  string `json:"uid"`
 	} `json:"metadata"`
+	Spec struct {
+		NodeName string `json:"nodeName"`
+	} `json:"spec"`
 	Status struct {
 		Phase      string `json:"phase"`
 		PodIP      string `json:"podIP"`
