@@ -5,6 +5,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 PREFIX   ?= /usr/local
 BIN      := _output/bin/containerd-shim-kvm-v1
 WRAPPER  := _output/bin/kvm-qemu-wrapper
+INSTALLER := _output/bin/kvm-shim-installer
 LIBEXEC  ?= $(PREFIX)/libexec/containerd-shim-kvm-v1
 LDFLAGS  := -s -w -X main.version=$(VERSION) -X main.revision=$(REVISION)
 GO       ?= go
@@ -32,7 +33,7 @@ GOLANGCI_LINT_VERSION ?= v2.15.0
 GOLANGCI_LINT_DIR     ?= /usr/local/lib/kvm-shim/golangci-lint-$(GOLANGCI_LINT_VERSION)
 GOLANGCI_LINT         := $(GOLANGCI_LINT_DIR)/golangci-lint
 
-.PHONY: help build install setup setup-demo images guest-images k8s lint unit fuzz deb deb-test demo-test integration soak e2e test demo bench bench-net bench-numa clean
+.PHONY: help build install setup setup-demo images guest-images k8s lint unit fuzz deb deb-test deploy-image demo-test integration soak e2e test demo bench bench-net bench-numa clean
 
 help: ## Show this help
 	@awk 'BEGIN{FS=":.*## "} /^[a-z0-9-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -87,6 +88,10 @@ e2e: setup build images k8s ## Run the e2e tier: a private Kubernetes node drive
 
 deb: build ## Build the Debian package (dpkg-deb) into _output/deb; DEB_VERSION overrides the version
 	deploy/deb/build.sh
+
+deploy-image: build ## Build the node installer's image (an OCI archive for ctr import) and its manifests into _output/deploy
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(INSTALLER) ./cmd/kvm-shim-installer
+	VERSION='$(VERSION)' GO='$(GO)' deploy/image.sh
 
 deb-test: setup build ## Build the Debian package, lintian it, install, upgrade, remove and purge it on this host
 	$(GO) test -tags deb -count=1 -json -timeout 10m ./integration/deb/ | $(REPORT)

@@ -24,9 +24,9 @@ const referenceHead = "# Annotations\n\n" +
 	"names the annotation; nothing is left behind. Every annotation is read\n" +
 	"once, at `Create`: changing it on a running pod changes nothing until the\n" +
 	"container is created again. Other keys under `" + Prefix + "` are\n" +
-	"ignored. The label `" + Prefix + "runtime=true` in\n" +
-	"[install.md](install.md#kubernetes) is a node label for the RuntimeClass's\n" +
-	"`nodeSelector`, not an annotation the shim reads.\n"
+	"ignored. The label `" + Prefix + "runtime=ready`, which the node installer\n" +
+	"sets ([install-cluster.md](install-cluster.md)), is a node label for the\n" +
+	"RuntimeClass's `nodeSelector`, not an annotation the shim reads.\n"
 
 // referenceTail closes docs/annotations.md.
 const referenceTail = "## CRI annotations the shim reads\n\n" +

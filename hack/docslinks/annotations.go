@@ -21,6 +21,13 @@ var (
 	documentedKey = regexp.MustCompile("(?m)^###\\s+`?kvm\\.containerd\\.io/([a-z0-9][a-z0-9.-]*)`?\\s*$")
 )
 
+// NodeLabels are the kvm.containerd.io/* keys that are node labels, not
+// pod annotations, each with the page that documents it: the annotation
+// reference leaves them out.
+var NodeLabels = map[string]string{
+	"runtime": "docs/install-cluster.md", // set by the node installer
+}
+
 // CodeAnnotationKeys returns the kvm.containerd.io/* keys (without the
 // prefix) named in the non-test Go files below root, each with the files
 // that name it.
@@ -37,6 +44,9 @@ func CodeAnnotationKeys(root string) (map[string][]string, error) {
 		for _, re := range []*regexp.Regexp{literalKey, prefixedKey} {
 			for _, m := range re.FindAllSubmatch(b, -1) {
 				k := string(m[1])
+				if _, label := NodeLabels[k]; label {
+					continue
+				}
 				if n := len(keys[k]); n == 0 || keys[k][n-1] != rel {
 					keys[k] = append(keys[k], rel)
 				}

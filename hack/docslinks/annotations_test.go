@@ -1,8 +1,10 @@
 package docslinks
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -32,6 +34,35 @@ func TestAnnotationReference(t *testing.T) {
 	for k, files := range code {
 		if !doc[k] {
 			t.Errorf("%s%s (named in %v) has no section in docs/annotations.md", AnnotationPrefix, k, files)
+		}
+	}
+}
+
+// TestNodeLabelReference: every node label of the prefix is named in
+// the code and documented on its page.
+func TestNodeLabelReference(t *testing.T) {
+	root := repoRoot(t)
+	var code []byte
+	if err := walkFiles(root, func(rel string) error {
+		if strings.HasSuffix(rel, ".go") && !strings.HasSuffix(rel, "_test.go") {
+			b, err := os.ReadFile(filepath.Join(root, rel))
+			code = append(code, b...)
+			return err
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for k, page := range NodeLabels {
+		if !bytes.Contains(code, []byte(`"`+AnnotationPrefix+k+`"`)) {
+			t.Errorf("node label %s%s: no Go file names it", AnnotationPrefix, k)
+		}
+		b, err := os.ReadFile(filepath.Join(root, page))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Contains(b, []byte(AnnotationPrefix+k)) {
+			t.Errorf("node label %s%s is not documented in %s", AnnotationPrefix, k, page)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the Kubernetes binaries the e2e tier runs (kube-apiserver,
-# kube-controller-manager (Deployments, EndpointSlices), kubelet,
+# kube-controller-manager (Deployments, EndpointSlices), kube-scheduler
+# (the node installer's test: DaemonSet pods, RuntimeClass scheduling), kubelet,
 # kube-proxy, kubectl) at one pinned version from the Go module proxy, into a
 # cache directory outside the repository. A second run with the same version
 # does nothing; changing K8S_VERSION builds into a new directory.
@@ -22,7 +23,7 @@ set -euo pipefail
 K8S_VERSION=${K8S_VERSION:-v1.34.4}
 K8S_CACHE=${K8S_CACHE:-/var/cache/kvm-shim}
 BIN=$K8S_CACHE/k8s-$K8S_VERSION/bin
-CMDS=(kube-apiserver kube-controller-manager kubelet kube-proxy kubectl)
+CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
 
 log() { echo "k8s-build: $*" >&2; }
 die() {

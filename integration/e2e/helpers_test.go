@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/digitalocean/go-libvirt"
+
 	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
 )
 
@@ -62,6 +64,9 @@ type podStatus struct {
 		Name string `json:"name"`
 		UID  string `json:"uid"`
 	} `json:"metadata"`
+	Spec struct {
+		NodeName string `json:"nodeName"`
+	} `json:"spec"`
 	Status struct {
 		Phase      string `json:"phase"`
 		PodIP      string `json:"podIP"`
@@ -363,8 +368,16 @@ func waitEcho(t *testing.T, addr, line string, timeout time.Duration) {
 // definition names the pod's uid.
 func (e *env) vmDomain(t *testing.T, uid string) string {
 	t.Helper()
-	l, err := testenv.ConnectLibvirt()
-	if err != nil {
+	// An integration run beside this one may be restarting libvirtd (its
+	// fault tests do): wait for it, as the shim does.
+	ctx, cancel := context.WithTimeout(context.Background(), shortTimeout)
+	defer cancel()
+	var l *libvirt.Libvirt
+	if err := testenv.Poll(ctx, 500*time.Millisecond, func() (bool, string) {
+		var err error
+		l, err = testenv.ConnectLibvirt()
+		return err == nil, fmt.Sprint(err)
+	}); err != nil {
 		t.Fatal(err)
 	}
 	defer l.Disconnect()

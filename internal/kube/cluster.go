@@ -28,6 +28,7 @@ type Ports struct {
 	ControllerManager          int
 	Kubelet, KubeletHealthz    int
 	ProxyHealthz, ProxyMetrics int
+	Scheduler                  int
 }
 
 // DefaultPorts are well away from the components' usual ports, so a
@@ -38,6 +39,7 @@ var DefaultPorts = Ports{
 	ControllerManager: 20257,
 	Kubelet:           20250, KubeletHealthz: 20248,
 	ProxyHealthz: 20256, ProxyMetrics: 20249,
+	Scheduler: 20259,
 }
 
 // Options describe one cluster.
@@ -65,6 +67,9 @@ type Options struct {
 	CRISocket string
 	// Ports; zero means DefaultPorts.
 	Ports Ports
+	// Scheduler starts kube-scheduler (BinDir must hold it); without it
+	// pods must name their node.
+	Scheduler bool
 	// StartTimeout bounds the whole start; 0 means three minutes (the
 	// apiserver's first start on a loaded host takes a while).
 	StartTimeout time.Duration
@@ -80,6 +85,7 @@ type Cluster struct {
 	Kubeconfig string
 
 	etcd, apiserver, controllerManager, kubelet, kubeProxy *process
+	scheduler                                              *process // nil unless Options.Scheduler
 	linkMade                                               bool
 	sysctls                                                map[string]string // the host's, before kubelet changed them
 }
@@ -89,26 +95,8 @@ type Cluster struct {
 // returns once the node is Ready and the default service account exists.
 // On error the returned Cluster, if not nil, must still be stopped.
 func Start(ctx context.Context, o Options) (*Cluster, error) {
-	if o.Dir == "" || !filepath.IsAbs(o.Dir) {
-		return nil, fmt.Errorf("kube: Options.Dir %q must be an absolute path", o.Dir)
-	}
-	if o.Node == "" || o.NodeLink == "" || o.NodeIP.To4() == nil || o.ServiceCIDR == "" || o.PodCIDR == "" || o.CRISocket == "" {
-		return nil, errors.New("kube: Options.Node, NodeLink, NodeIP (IPv4), ServiceCIDR, PodCIDR and CRISocket are required")
-	}
-	if o.Etcd == "" {
-		o.Etcd = DefaultEtcd
-	}
-	if o.Ports == (Ports{}) {
-		o.Ports = DefaultPorts
-	}
-	if o.StartTimeout == 0 {
-		o.StartTimeout = 3 * time.Minute
-	}
-	for _, bin := range []string{o.Etcd, o.bin("kube-apiserver"), o.bin("kube-controller-manager"), o.bin("kubelet"), o.bin("kube-proxy"),
-		o.bin("kubectl")} {
-		if _, err := os.Stat(bin); err != nil {
-			return nil, fmt.Errorf("kube: %w (hack/k8s/build.sh builds the Kubernetes binaries; hack/setup-host.sh installs etcd-server)", err)
-		}
+	if err := o.complete(); err != nil {
+		return nil, err
 	}
 	_, svcNet, err := net.ParseCIDR(o.ServiceCIDR)
 	if err != nil {
@@ -146,16 +134,20 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 	ctx, cancel := context.WithTimeout(ctx, o.StartTimeout)
 	defer cancel()
 
-	steps := []struct {
+	type step struct {
 		p     **process
 		make  func() *process
 		ready func(context.Context) error
-	}{
+	}
+	steps := []step{
 		{&c.etcd, c.etcdProcess, c.etcdReady},
 		{&c.apiserver, c.apiserverProcess, c.apiserverReady},
 		{&c.controllerManager, c.controllerManagerProcess, nil},
 		{&c.kubelet, c.kubeletProcess, c.nodeReady},
 		{&c.kubeProxy, c.kubeProxyProcess, nil},
+	}
+	if o.Scheduler {
+		steps = append(steps, step{&c.scheduler, c.schedulerProcess, nil})
 	}
 	for _, s := range steps {
 		p := s.make()
@@ -176,6 +168,36 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 	return c, nil
 }
 
+// complete checks the options and fills in the defaults.
+func (o *Options) complete() error {
+	if o.Dir == "" || !filepath.IsAbs(o.Dir) {
+		return fmt.Errorf("kube: Options.Dir %q must be an absolute path", o.Dir)
+	}
+	if o.Node == "" || o.NodeLink == "" || o.NodeIP.To4() == nil || o.ServiceCIDR == "" || o.PodCIDR == "" || o.CRISocket == "" {
+		return errors.New("kube: Options.Node, NodeLink, NodeIP (IPv4), ServiceCIDR, PodCIDR and CRISocket are required")
+	}
+	if o.Etcd == "" {
+		o.Etcd = DefaultEtcd
+	}
+	if o.Ports == (Ports{}) {
+		o.Ports = DefaultPorts
+	}
+	if o.StartTimeout == 0 {
+		o.StartTimeout = 3 * time.Minute
+	}
+	bins := []string{o.Etcd, o.bin("kube-apiserver"), o.bin("kube-controller-manager"), o.bin("kubelet"), o.bin("kube-proxy"),
+		o.bin("kubectl")}
+	if o.Scheduler {
+		bins = append(bins, o.bin("kube-scheduler"))
+	}
+	for _, bin := range bins {
+		if _, err := os.Stat(bin); err != nil {
+			return fmt.Errorf("kube: %w (hack/k8s/build.sh builds the Kubernetes binaries; hack/setup-host.sh installs etcd-server)", err)
+		}
+	}
+	return nil
+}
+
 func (o Options) bin(name string) string { return filepath.Join(o.BinDir, name) }
 
 func (c *Cluster) kubeconfigPath(user string) string {
@@ -186,7 +208,7 @@ func (c *Cluster) writeConfigs() error {
 	server := fmt.Sprintf("https://127.0.0.1:%d", c.Ports.APIServer)
 	for user, p := range map[string]pair{
 		"admin": c.PKI.Admin, "controller-manager": c.PKI.ControllerManager,
-		"kubelet": c.PKI.Kubelet, "kube-proxy": c.PKI.KubeProxy,
+		"kubelet": c.PKI.Kubelet, "kube-proxy": c.PKI.KubeProxy, "scheduler": c.PKI.Scheduler,
 	} {
 		if err := writeKubeconfig(c.kubeconfigPath(user), server, c.PKI.CA, p); err != nil {
 			return err
@@ -265,6 +287,8 @@ func (c *Cluster) apiserverProcess() *process {
 		"--service-account-key-file="+p.ServiceAccountPub,
 		"--service-account-signing-key-file="+p.ServiceAccountKey,
 		"--authorization-mode=Node,RBAC",
+		// The node installer's DaemonSet is privileged (devices for check).
+		"--allow-privileged=true",
 		"--enable-admission-plugins=NodeRestriction",
 		"--profiling=false",
 		"--v=1")
@@ -280,6 +304,17 @@ func (c *Cluster) controllerManagerProcess() *process {
 		"--use-service-account-credentials=false",
 		"--service-account-private-key-file="+c.PKI.ServiceAccountKey,
 		"--root-ca-file="+c.PKI.CA,
+		"--profiling=false",
+		"--v=1")
+}
+
+func (c *Cluster) schedulerProcess() *process {
+	kc := c.kubeconfigPath("scheduler")
+	return c.newProcess("kube-scheduler", c.bin("kube-scheduler"),
+		"--kubeconfig="+kc, "--authentication-kubeconfig="+kc, "--authorization-kubeconfig="+kc,
+		"--bind-address=127.0.0.1",
+		fmt.Sprintf("--secure-port=%d", c.Ports.Scheduler),
+		"--leader-elect=false",
 		"--profiling=false",
 		"--v=1")
 }
@@ -473,7 +508,7 @@ func (c *Cluster) Stop() error {
 			}
 		}
 	}
-	errs = append(errs, stopAll(30*time.Second, c.kubelet, c.controllerManager, c.apiserver, c.etcd))
+	errs = append(errs, stopAll(30*time.Second, c.kubelet, c.scheduler, c.controllerManager, c.apiserver, c.etcd))
 	errs = append(errs, testenv.UnmountAll(c.KubeletDir))
 	if c.kubelet != nil {
 		errs = append(errs, removeKubeletChains(), removeCgroupRoot(), restoreSysctls(c.sysctls))
@@ -486,7 +521,7 @@ func (c *Cluster) Stop() error {
 
 // Pid is the pid of a running component, 0 if it does not run.
 func (c *Cluster) Pid(component string) int {
-	for _, p := range []*process{c.etcd, c.apiserver, c.controllerManager, c.kubelet, c.kubeProxy} {
+	for _, p := range []*process{c.etcd, c.apiserver, c.controllerManager, c.scheduler, c.kubelet, c.kubeProxy} {
 		if p != nil && p.name == component && p.running() {
 			return p.cmd.Process.Pid
 		}

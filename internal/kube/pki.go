@@ -134,6 +134,7 @@ type PKI struct {
 	Kubelet           pair // client: system:node:<node> in system:nodes
 	KubeletServing    pair // serving: the node IP and name
 	KubeProxy         pair // system:kube-proxy (bound to system:node-proxier)
+	Scheduler         pair // system:kube-scheduler (bound to system:kube-scheduler)
 	// ServiceAccountKey signs service account tokens (apiserver,
 	// controller-manager); ServiceAccountPub verifies them.
 	ServiceAccountKey, ServiceAccountPub string
@@ -164,6 +165,7 @@ func newPKI(dir, node string, nodeIP, serviceIP net.IP) (*PKI, error) {
 		{&p.Kubelet, certSpec{file: "kubelet-client", cn: "system:node:" + node, orgs: []string{"system:nodes"}}},
 		{&p.KubeletServing, certSpec{file: "kubelet-serving", cn: node, server: true, ips: []net.IP{nodeIP}, dns: []string{node}}},
 		{&p.KubeProxy, certSpec{file: "kube-proxy", cn: "system:kube-proxy"}},
+		{&p.Scheduler, certSpec{file: "scheduler", cn: "system:kube-scheduler"}},
 	}
 	for _, s := range specs {
 		if *s.to, err = c.issue(dir, s.spec); err != nil {

@@ -65,6 +65,11 @@ type Options struct {
 	// execs containerd: the daemon and every shim it starts see what the
 	// script changed (e.g. a broken /dev/net/tun); the host does not.
 	MountSetup string
+	// NoKVMRuntime leaves the kvm runtime out of the daemon's config, as
+	// on a node before the shim is installed; Imports (version 3 only)
+	// are the config's imports, for the node installer's drop-in.
+	NoKVMRuntime bool
+	Imports      []string
 }
 
 // Containerd is one private daemon started by Start.
@@ -92,6 +97,8 @@ type Containerd struct {
 	DefaultGateway bool
 	LogLevel       string
 	MountSetup     string
+	NoKVMRuntime   bool
+	Imports        []string
 
 	argv, env    []string // the daemon's command line and environment
 	startTimeout time.Duration
@@ -274,6 +281,8 @@ func newContainerd(f Flavour, o Options) *Containerd {
 		DefaultGateway: o.DefaultGateway,
 		LogLevel:       o.LogLevel,
 		MountSetup:     o.MountSetup,
+		NoKVMRuntime:   o.NoKVMRuntime,
+		Imports:        o.Imports,
 	}
 	if c.CNIBinDir == "" {
 		c.CNIBinDir = DefaultCNIBinDir

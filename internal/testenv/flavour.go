@@ -76,7 +76,7 @@ const config = `version = {{.ConfigVersion}}
 root = {{q .Root}}
 state = {{q .State}}
 {{- if eq .ConfigVersion 3}}
-imports = []
+imports = [{{range $i, $p := .Imports}}{{if $i}}, {{end}}{{q $p}}{{end}}]
 {{- end}}
 
 [grpc]
@@ -132,6 +132,7 @@ imports = []
 
       [{{.CRIRuntime}}.containerd.runtimes.runc]
         runtime_type = "io.containerd.runc.v2"
+{{- if not .NoKVMRuntime}}
 
       [{{.CRIRuntime}}.containerd.runtimes.kvm]
         runtime_type = "io.containerd.kvm.v1"
@@ -140,6 +141,7 @@ imports = []
 
         [{{.CRIRuntime}}.containerd.runtimes.kvm.options]
           ConfigPath = {{q .ShimConfigPath}}
+{{- end}}
 `
 
 // configData is what the config template sees: the daemon, and its
