@@ -54,7 +54,8 @@ func TestVirtioMemRoundTrip(t *testing.T) {
 }
 
 func TestVirtioMemAbsent(t *testing.T) {
-	_, ok, err := virtioMemFromXML(`<domain><devices><memory model='dimm'><target><size unit='KiB'>1024</size></target></memory></devices></domain>`)
+	dimm := `<domain><devices><memory model='dimm'><target><size unit='KiB'>1024</size></target></memory></devices></domain>`
+	_, ok, err := virtioMemFromXML(dimm)
 	if err != nil || ok {
 		t.Fatalf("found a virtio-mem device in a domain without one (err %v)", err)
 	}

@@ -134,7 +134,8 @@ func configurePinning(s *Spec, d *libvirtxml.Domain) {
 		}
 		d.CPU.Numa = &libvirtxml.DomainNuma{}
 		for i, c := range p.Cells {
-			d.CPU.Numa.Cell = append(d.CPU.Numa.Cell, libvirtxml.DomainCell{ID: uintPtr(i), CPUs: cpuList(c.VCPUs), Memory: uint(c.MemoryMiB), Unit: "MiB"})
+			d.CPU.Numa.Cell = append(d.CPU.Numa.Cell,
+				libvirtxml.DomainCell{ID: uintPtr(i), CPUs: cpuList(c.VCPUs), Memory: uint(c.MemoryMiB), Unit: "MiB"})
 			if d.NUMATune != nil {
 				d.NUMATune.MemNodes = append(d.NUMATune.MemNodes,
 					libvirtxml.DomainNUMATuneMemNode{CellID: uint(i), Mode: "strict", Nodeset: strconv.Itoa(c.HostNode)})
@@ -265,7 +266,8 @@ func virtioSerialController(channels int) libvirtxml.DomainController {
 // The USB controller carries an empty USB part as libvirtxml parses one
 // back, so a rendered domain reads back equal to the one built.
 func configureDevices(s *Spec, d *libvirtxml.Domain) {
-	d.Devices.Controllers = append(d.Devices.Controllers, libvirtxml.DomainController{Type: "usb", Model: "none", USB: &libvirtxml.DomainControllerUSB{}})
+	d.Devices.Controllers = append(d.Devices.Controllers,
+		libvirtxml.DomainController{Type: "usb", Model: "none", USB: &libvirtxml.DomainControllerUSB{}})
 	d.Devices.RNGs = append(d.Devices.RNGs, libvirtxml.DomainRNG{
 		Model:   "virtio",
 		Backend: &libvirtxml.DomainRNGBackend{Random: &libvirtxml.DomainRNGBackendRandom{Device: "/dev/urandom"}},

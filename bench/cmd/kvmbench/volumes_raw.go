@@ -97,9 +97,12 @@ func (vm *rawVolumeVM) domainXML(name, uuid, dev, consoleLog, cmdline string) ([
 	port := uint(0)
 	d := libvirtxml.Domain{
 		Type: vm.Type, Name: name, UUID: uuid,
-		Memory:     &libvirtxml.DomainMemory{Unit: "KiB", Value: uint(vm.MemoryKiB)},
-		VCPU:       &libvirtxml.DomainVCPU{Value: uint(vm.VCPUs)},
-		OS:         &libvirtxml.DomainOS{Type: &libvirtxml.DomainOSType{Arch: vm.Arch, Machine: vm.Machine, Type: "hvm"}, Kernel: vm.Kernel, Initrd: vm.Initrd, Cmdline: cmdline},
+		Memory: &libvirtxml.DomainMemory{Unit: "KiB", Value: uint(vm.MemoryKiB)},
+		VCPU:   &libvirtxml.DomainVCPU{Value: uint(vm.VCPUs)},
+		OS: &libvirtxml.DomainOS{
+			Type:   &libvirtxml.DomainOSType{Arch: vm.Arch, Machine: vm.Machine, Type: "hvm"},
+			Kernel: vm.Kernel, Initrd: vm.Initrd, Cmdline: cmdline,
+		},
 		Features:   &libvirtxml.DomainFeatureList{ACPI: &libvirtxml.DomainFeature{}, APIC: &libvirtxml.DomainFeatureAPIC{}},
 		OnPoweroff: "destroy", OnCrash: "destroy",
 		Devices: &libvirtxml.DomainDeviceList{
