@@ -24,6 +24,7 @@ require (
 	google.golang.org/grpc v1.59.0
 	google.golang.org/protobuf v1.35.2
 	k8s.io/cri-api v0.27.1
+	libvirt.org/go/libvirtxml v1.12008.0
 )
 
 require (

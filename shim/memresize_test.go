@@ -77,7 +77,7 @@ func memVM(t *testing.T) (*vmFixture, *vmTask) {
 func TestVMTaskUpdateMemory(t *testing.T) {
 	f, vt := memVM(t)
 	xml := f.fake.doms[vt.rec.Domain].xml
-	for _, want := range []string{`<maxMemory slots="1" unit="MiB">1536</maxMemory>`, `<memory model="virtio-mem">`,
+	for _, want := range []string{`<maxMemory unit="MiB" slots="1">1536</maxMemory>`, `<memory model="virtio-mem">`,
 		`<size unit="KiB">1048576</size>`} {
 		if !strings.Contains(xml, want) {
 			t.Errorf("domain lacks %s:\n%s", want, xml)

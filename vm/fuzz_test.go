@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+	"libvirt.org/go/libvirtxml"
 )
 
 // FuzzImageFormat feeds arbitrary image headers and names to the qcow2
@@ -136,26 +137,57 @@ func FuzzRender(f *testing.F) {
 		if err != nil {
 			return
 		}
-		var built domainXML
-		for _, c := range configurators {
-			c(s, &built)
+		built, err := buildDomain(s)
+		if err != nil {
+			t.Fatal(err)
 		}
-		var back domainXML
-		if err := xml.Unmarshal(out, &back); err != nil {
+		var back libvirtxml.Domain
+		if err := back.Unmarshal(string(out)); err != nil {
 			t.Fatalf("output does not parse: %v\n%s", err, out)
 		}
-		back.XMLName = built.XMLName
-		if back.Metadata != nil && built.Metadata != nil {
-			back.Metadata.VM.XMLName = built.Metadata.VM.XMLName
+		clearXMLNames(reflect.ValueOf(built))
+		clearXMLNames(reflect.ValueOf(&back))
+		if !reflect.DeepEqual(*built, back) {
+			t.Fatalf("output does not parse back to the domain built:\nbuilt %+v\nback  %+v\n%s", *built, back, out)
 		}
-		if !reflect.DeepEqual(built, back) {
-			t.Fatalf("output does not parse back to the domain built:\nbuilt %+v\nback  %+v\n%s", built, back, out)
+		// The metadata is inner XML to libvirtxml: parse it as well.
+		var meta vmMetaXML
+		if err := xml.Unmarshal([]byte(back.Metadata.XML), &meta); err != nil {
+			t.Fatalf("metadata does not parse: %v\n%s", err, out)
+		}
+		if meta.Metadata != s.Meta {
+			t.Fatalf("metadata does not parse back to the spec's:\nspec %+v\nback %+v\n%s", s.Meta, meta.Metadata, out)
 		}
 		if fuzzing() && renderValidated.Add(1)%renderSchemaEvery != 0 {
 			return
 		}
 		validateSchema(t, out)
 	})
+}
+
+// clearXMLNames zeroes every xml.Name below v: Unmarshal records the
+// element names that a built domain leaves empty.
+func clearXMLNames(v reflect.Value) {
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface:
+		if !v.IsNil() {
+			clearXMLNames(v.Elem())
+		}
+	case reflect.Slice, reflect.Array:
+		for i := range v.Len() {
+			clearXMLNames(v.Index(i))
+		}
+	case reflect.Struct:
+		if v.Type() == reflect.TypeFor[xml.Name]() {
+			v.Set(reflect.Zero(v.Type()))
+			return
+		}
+		for i := range v.NumField() {
+			if v.Type().Field(i).IsExported() {
+				clearXMLNames(v.Field(i))
+			}
+		}
+	}
 }
 
 // fuzzSpec builds a spec from fuzzed fields; flags choose the variants.

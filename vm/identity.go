@@ -1,10 +1,11 @@
 package vm
 
 import (
-	"encoding/xml"
 	"fmt"
 	"strconv"
 	"strings"
+
+	"libvirt.org/go/libvirtxml"
 )
 
 // Identity is the host uid and gid a VM's QEMU runs under, recorded in
@@ -39,31 +40,22 @@ func ParseDACLabel(s string) (Identity, error) {
 	return Identity{UID: uint32(uid), GID: uint32(gid)}, nil
 }
 
-type secLabelXML struct {
-	Type    string `xml:"type,attr"`
-	Model   string `xml:"model,attr"`
-	Relabel string `xml:"relabel,attr,omitempty"`
-	Label   string `xml:"label,omitempty"`
-}
-
 // configureSecLabel runs the VM's QEMU under its own identity.
-func configureSecLabel(s *Spec, d *domainXML) {
+func configureSecLabel(s *Spec, d *libvirtxml.Domain) {
 	if s.Identity == nil {
 		return
 	}
-	d.SecLabels = append(d.SecLabels, secLabelXML{Type: "static", Model: "dac", Relabel: "yes", Label: s.Identity.Label()})
+	d.SecLabel = append(d.SecLabel, libvirtxml.DomainSecLabel{Type: "static", Model: "dac", Relabel: "yes", Label: s.Identity.Label()})
 }
 
 // IdentityFromXML finds the static DAC label in a domain's XML; nil when
 // the domain runs under qemu.conf's shared user.
 func IdentityFromXML(domainXML string) (*Identity, error) {
-	var d struct {
-		SecLabels []secLabelXML `xml:"seclabel"`
-	}
-	if err := xml.Unmarshal([]byte(domainXML), &d); err != nil {
+	var d libvirtxml.Domain
+	if err := d.Unmarshal(domainXML); err != nil {
 		return nil, fmt.Errorf("parse domain XML: %w", err)
 	}
-	for _, l := range d.SecLabels {
+	for _, l := range d.SecLabel {
 		if l.Model == "dac" && l.Type == "static" {
 			id, err := ParseDACLabel(l.Label)
 			if err != nil {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/digitalocean/go-libvirt"
+	"libvirt.org/go/libvirtxml"
 )
 
 // Memory hot-add uses one virtio-mem device on guest NUMA cell 0: QEMU
@@ -18,45 +19,14 @@ import (
 // transparent huge page size, QEMU's default on x86.
 const virtioMemBlockKiB = 2048
 
-type maxMemoryXML struct {
-	Slots int    `xml:"slots,attr"`
-	Unit  string `xml:"unit,attr"`
-	Value int    `xml:",chardata"`
-}
-
-// memoryDeviceXML is a <memory> device. Attrs and the raw source, alias
-// and address come back from libvirt as they are: an update must repeat
-// them for libvirt to find the device and see that only requested changed.
-type memoryDeviceXML struct {
-	XMLName xml.Name     `xml:"memory"`
-	Attrs   []xml.Attr   `xml:",any,attr"`
-	Source  *rawXML      `xml:"source,omitempty"`
-	Target  memTargetXML `xml:"target"`
-	Alias   *rawXML      `xml:"alias,omitempty"`
-	Address *rawXML      `xml:"address,omitempty"`
-}
-
-// rawXML keeps an element's attributes and content as libvirt wrote them.
-type rawXML struct {
-	Attrs []xml.Attr `xml:",any,attr"`
-	Inner []byte     `xml:",innerxml"`
-}
-
-type memTargetXML struct {
-	Size      kibXML  `xml:"size"`
-	Node      *int    `xml:"node"`
-	Block     kibXML  `xml:"block"`
-	Requested kibXML  `xml:"requested"`
-	Current   *kibXML `xml:"current,omitempty"`
-}
-
-// kibXML is a size libvirt writes in KiB (the shim writes KiB too).
-type kibXML struct {
+// sizeXML is a size as libvirt writes it, with its unit.
+type sizeXML struct {
 	Unit  string `xml:"unit,attr"`
 	Value uint64 `xml:",chardata"`
 }
 
-func (k kibXML) kib() (uint64, error) {
+// kib is the size in KiB.
+func (k sizeXML) kib() (uint64, error) {
 	switch k.Unit {
 	case "", "KiB", "k", "K":
 		return k.Value, nil
@@ -66,6 +36,41 @@ func (k kibXML) kib() (uint64, error) {
 		return k.Value * 1024 * 1024, nil
 	}
 	return 0, fmt.Errorf("memory device size in unit %q", k.Unit)
+}
+
+// virtioMem is a running VM's virtio-mem device as libvirt reports it.
+// libvirtxml (v1.12008.0) has no field for the <current> size inside the
+// device's <target>, which libvirt writes only in live XML: current
+// comes from a small parse of our own.
+type virtioMem struct {
+	dev     libvirtxml.DomainMemorydev
+	current *sizeXML
+}
+
+// virtioMemFromXML finds the virtio-mem device in a domain's live XML;
+// ok is false when the domain has none.
+func virtioMemFromXML(desc string) (m virtioMem, ok bool, err error) {
+	var dom libvirtxml.Domain
+	if err := dom.Unmarshal(desc); err != nil {
+		return m, false, err
+	}
+	var cur struct {
+		Memories []struct {
+			Current *sizeXML `xml:"target>current"`
+		} `xml:"devices>memory"`
+	}
+	if err := xml.Unmarshal([]byte(desc), &cur); err != nil {
+		return m, false, err
+	}
+	if dom.Devices == nil || len(cur.Memories) != len(dom.Devices.Memorydevs) {
+		return m, false, nil
+	}
+	for i, dev := range dom.Devices.Memorydevs {
+		if dev.Model == "virtio-mem" && dev.Target != nil {
+			return virtioMem{dev: dev, current: cur.Memories[i].Current}, true, nil
+		}
+	}
+	return m, false, nil
 }
 
 // MemoryBlockKiB is the virtio-mem block size of s: a huge page when
@@ -88,30 +93,30 @@ func HotplugMemoryMiB(s *Spec) int {
 // virtio-mem device with nothing plugged, <maxMemory> and, unless the
 // pinning made them, one guest NUMA cell holding every vCPU and the boot
 // memory.
-func configureMemoryHotplug(s *Spec, d *domainXML) {
+func configureMemoryHotplug(s *Spec, d *libvirtxml.Domain) {
 	size := HotplugMemoryMiB(s)
 	if size == 0 {
 		return
 	}
-	d.MaxMemory = &maxMemoryXML{Slots: 1, Unit: "MiB", Value: s.MemoryMiB + size}
+	d.MaximumMemory = &libvirtxml.DomainMaxMemory{Slots: 1, Unit: "MiB", Value: uint(s.MemoryMiB + size)}
 	if d.CPU == nil {
-		d.CPU = &cpuXML{}
+		d.CPU = &libvirtxml.DomainCPU{}
 	}
-	if d.CPU.NUMA == nil {
+	if d.CPU.Numa == nil {
 		vcpus := max(s.VCPUs, s.MaxVCPUs)
-		d.CPU.NUMA = &cpuNUMAXML{Cells: []cellXML{{ID: 0, CPUs: fmt.Sprintf("0-%d", vcpus-1), Memory: s.MemoryMiB, Unit: "MiB"}}}
+		cell := libvirtxml.DomainCell{ID: uintPtr(0), CPUs: fmt.Sprintf("0-%d", vcpus-1), Memory: uint(s.MemoryMiB), Unit: "MiB"}
 		if vcpus == 1 {
-			d.CPU.NUMA.Cells[0].CPUs = "0"
+			cell.CPUs = "0"
 		}
+		d.CPU.Numa = &libvirtxml.DomainNuma{Cell: []libvirtxml.DomainCell{cell}}
 	}
-	node := 0
-	d.Devices.Memories = append(d.Devices.Memories, memoryDeviceXML{
-		Attrs: []xml.Attr{{Name: xml.Name{Local: "model"}, Value: "virtio-mem"}},
-		Target: memTargetXML{
-			Size:      kibXML{Unit: "KiB", Value: uint64(size) * 1024},
-			Node:      &node,
-			Block:     kibXML{Unit: "KiB", Value: MemoryBlockKiB(s)},
-			Requested: kibXML{Unit: "KiB", Value: 0},
+	d.Devices.Memorydevs = append(d.Devices.Memorydevs, libvirtxml.DomainMemorydev{
+		Model: "virtio-mem",
+		Target: &libvirtxml.DomainMemorydevTarget{
+			Size:      &libvirtxml.DomainMemorydevTargetSize{Unit: "KiB", Value: uint(size) * 1024},
+			Node:      &libvirtxml.DomainMemorydevTargetNode{Value: 0},
+			Block:     &libvirtxml.DomainMemorydevTargetBlock{Unit: "KiB", Value: uint(MemoryBlockKiB(s))},
+			Requested: &libvirtxml.DomainMemorydevTargetRequested{Unit: "KiB", Value: 0},
 		},
 	})
 }
@@ -124,48 +129,53 @@ type PluggedMemory struct {
 }
 
 // liveMemoryDevice returns the VM's virtio-mem device from its live XML.
-func (c *Conn) liveMemoryDevice(name string) (*libvirt.Libvirt, libvirt.Domain, memoryDeviceXML, error) {
+func (c *Conn) liveMemoryDevice(name string) (*libvirt.Libvirt, libvirt.Domain, virtioMem, error) {
 	l, d, err := c.lookup(name)
 	if err != nil {
-		return nil, d, memoryDeviceXML{}, err
+		return nil, d, virtioMem{}, err
 	}
 	desc, err := l.DomainGetXMLDesc(d, 0)
 	if err != nil {
-		return nil, d, memoryDeviceXML{}, mapError(err, "get XML of domain "+name)
+		return nil, d, virtioMem{}, mapError(err, "get XML of domain "+name)
 	}
-	var dom struct {
-		Memories []memoryDeviceXML `xml:"devices>memory"`
+	m, ok, err := virtioMemFromXML(desc)
+	if err != nil {
+		return nil, d, virtioMem{}, fmt.Errorf("parse XML of domain %s: %w", name, err)
 	}
-	if err := xml.Unmarshal([]byte(desc), &dom); err != nil {
-		return nil, d, memoryDeviceXML{}, fmt.Errorf("parse XML of domain %s: %w", name, err)
+	if !ok {
+		return nil, d, virtioMem{}, fmt.Errorf("domain %s has no virtio-mem device (started without a memory maximum above its memory): %w",
+			name, errdefs.ErrFailedPrecondition)
 	}
-	for _, m := range dom.Memories {
-		for _, a := range m.Attrs {
-			if a.Name.Local == "model" && a.Value == "virtio-mem" {
-				return l, d, m, nil
-			}
-		}
-	}
-	return nil, d, memoryDeviceXML{}, fmt.Errorf("domain %s has no virtio-mem device (started without a memory maximum above its memory): %w",
-		name, errdefs.ErrFailedPrecondition)
+	return l, d, m, nil
 }
 
-func (m memoryDeviceXML) plugged() (PluggedMemory, error) {
+func (m virtioMem) plugged() (PluggedMemory, error) {
 	var p PluggedMemory
-	for _, f := range []struct {
-		k   *kibXML
-		out *int
-	}{{&m.Target.Requested, &p.RequestedMiB}, {m.Target.Current, &p.CurrentMiB}, {&m.Target.Size, &p.SizeMiB}} {
-		if f.k == nil {
-			continue
-		}
-		kib, err := f.k.kib()
+	t := m.dev.Target
+	var sizes []sizeMiB
+	if t.Requested != nil {
+		sizes = append(sizes, sizeMiB{sizeXML{Unit: t.Requested.Unit, Value: uint64(t.Requested.Value)}, &p.RequestedMiB})
+	}
+	if m.current != nil {
+		sizes = append(sizes, sizeMiB{*m.current, &p.CurrentMiB})
+	}
+	if t.Size != nil {
+		sizes = append(sizes, sizeMiB{sizeXML{Unit: t.Size.Unit, Value: uint64(t.Size.Value)}, &p.SizeMiB})
+	}
+	for _, s := range sizes {
+		kib, err := s.size.kib()
 		if err != nil {
 			return p, err
 		}
-		*f.out = int(kib / 1024)
+		*s.out = int(kib / 1024)
 	}
 	return p, nil
+}
+
+// sizeMiB is a size and the MiB field it goes into.
+type sizeMiB struct {
+	size sizeXML
+	out  *int
 }
 
 // Plugged returns the hot-added memory of a running VM.
@@ -188,13 +198,15 @@ func (c *Conn) RequestMemory(name string, mib int, timeout time.Duration) (Plugg
 	if err != nil {
 		return PluggedMemory{}, err
 	}
-	m.Target.Requested = kibXML{Unit: "KiB", Value: uint64(mib) * 1024}
-	m.Target.Current = nil
-	dev, err := xml.Marshal(&m)
+	// The update repeats the device as libvirt wrote it (source, alias,
+	// address) so that libvirt finds it and sees that only requested
+	// changed; it carries no current, which libvirtxml does not model.
+	m.dev.Target.Requested = &libvirtxml.DomainMemorydevTargetRequested{Unit: "KiB", Value: uint(mib) * 1024}
+	dev, err := m.dev.Marshal()
 	if err != nil {
 		return PluggedMemory{}, fmt.Errorf("memory device of domain %s: %w", name, err)
 	}
-	if err := l.DomainUpdateDeviceFlags(d, string(dev), libvirt.DomainDeviceModifyLive); err != nil {
+	if err := l.DomainUpdateDeviceFlags(d, dev, libvirt.DomainDeviceModifyLive); err != nil {
 		return PluggedMemory{}, mapError(err, fmt.Sprintf("request %d MiB of hot-added memory in domain %s", mib, name))
 	}
 	deadline := time.Now().Add(timeout)

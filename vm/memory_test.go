@@ -1,9 +1,10 @@
 package vm
 
 import (
-	"encoding/xml"
 	"strings"
 	"testing"
+
+	"libvirt.org/go/libvirtxml"
 )
 
 // A live virtio-mem device as libvirt 9.0 writes it.
@@ -22,13 +23,10 @@ const liveVirtioMem = `<domain><devices><memory model='dimm'><target><size unit=
 </memory></devices></domain>`
 
 func TestVirtioMemRoundTrip(t *testing.T) {
-	var dom struct {
-		Memories []memoryDeviceXML `xml:"devices>memory"`
+	m, ok, err := virtioMemFromXML(liveVirtioMem)
+	if err != nil || !ok {
+		t.Fatalf("virtio-mem device not found: %v", err)
 	}
-	if err := xml.Unmarshal([]byte(liveVirtioMem), &dom); err != nil {
-		t.Fatal(err)
-	}
-	m := dom.Memories[1]
 	p, err := m.plugged()
 	if err != nil {
 		t.Fatal(err)
@@ -38,21 +36,31 @@ func TestVirtioMemRoundTrip(t *testing.T) {
 	}
 	// The update repeats source, alias and address, so that libvirt
 	// finds the device and sees only requested change.
-	m.Target.Requested = kibXML{Unit: "KiB", Value: 512 * 1024}
-	m.Target.Current = nil
-	out, err := xml.Marshal(&m)
+	m.dev.Target.Requested = &libvirtxml.DomainMemorydevTargetRequested{Unit: "KiB", Value: 512 * 1024}
+	out, err := m.dev.Marshal()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`<memory model="virtio-mem">`, `<pagesize unit='KiB'>2048</pagesize>`, `<alias name="virtiomem0"></alias>`,
+	for _, want := range []string{`<memory model="virtio-mem">`, `<pagesize unit="KiB">2048</pagesize>`, `<alias name="virtiomem0"></alias>`,
 		`<address type="pci" domain="0x0000" bus="0x01" slot="0x00" function="0x0">`,
 		`<requested unit="KiB">524288</requested>`, `<node>0</node>`} {
-		if !strings.Contains(string(out), want) {
+		if !strings.Contains(out, want) {
 			t.Errorf("update XML lacks %s:\n%s", want, out)
 		}
 	}
-	if strings.Contains(string(out), "current") {
+	if strings.Contains(out, "current") {
 		t.Errorf("update XML carries current:\n%s", out)
+	}
+}
+
+func TestVirtioMemAbsent(t *testing.T) {
+	dimm := `<domain><devices><memory model='dimm'><target><size unit='KiB'>1024</size></target></memory></devices></domain>`
+	_, ok, err := virtioMemFromXML(dimm)
+	if err != nil || ok {
+		t.Fatalf("found a virtio-mem device in a domain without one (err %v)", err)
+	}
+	if _, _, err := virtioMemFromXML(`<domain><devices>`); err == nil {
+		t.Fatal("truncated XML parsed")
 	}
 }
 

@@ -1,17 +1,20 @@
 package vm
 
 import (
-	"encoding/xml"
 	"fmt"
 	"sort"
 	"strconv"
 	"strings"
+
+	"libvirt.org/go/libvirtxml"
 )
 
 // A configurator fills in one concern of the domain from the spec. Render
 // runs them in order; each is small, pure and tested through the golden
-// files in testdata/.
-type configurator func(*Spec, *domainXML)
+// files in testdata/. The domain is libvirtxml's: libvirt's own Go model
+// of its schema, so every element and attribute we set has the name and
+// place libvirt parses, and encoding/xml does all escaping.
+type configurator func(*Spec, *libvirtxml.Domain)
 
 var configurators = []configurator{
 	configureIdentity,
@@ -36,40 +39,54 @@ func Render(s *Spec) ([]byte, error) {
 	if err := s.Validate(); err != nil {
 		return nil, fmt.Errorf("render domain %s: %w", s.Name, err)
 	}
-	var d domainXML
-	for _, c := range configurators {
-		c(s, &d)
-	}
-	out, err := xml.MarshalIndent(&d, "", "  ")
+	d, err := buildDomain(s)
 	if err != nil {
 		return nil, fmt.Errorf("render domain %s: %w", s.Name, err)
 	}
-	return append(out, '\n'), nil
+	out, err := d.Marshal()
+	if err != nil {
+		return nil, fmt.Errorf("render domain %s: %w", s.Name, err)
+	}
+	return append([]byte(out), '\n'), nil
 }
 
-func configureIdentity(s *Spec, d *domainXML) {
+// buildDomain runs the configurators on an empty domain and adds the
+// shim's metadata.
+func buildDomain(s *Spec) (*libvirtxml.Domain, error) {
+	d := &libvirtxml.Domain{OS: &libvirtxml.DomainOS{}, Devices: &libvirtxml.DomainDeviceList{}}
+	for _, c := range configurators {
+		c(s, d)
+	}
+	meta, err := domainMetadata(s.Meta)
+	if err != nil {
+		return nil, err
+	}
+	d.Metadata = meta
+	return d, nil
+}
+
+func configureIdentity(s *Spec, d *libvirtxml.Domain) {
 	d.Name = s.Name
 	d.UUID = s.UUID
-	d.Metadata = &metadataXML{VM: vmMetaXML{Metadata: s.Meta}}
 }
 
-func configureSize(s *Spec, d *domainXML) {
-	d.Memory = sizeXML{Unit: "MiB", Value: s.MemoryMiB}
-	d.VCPU = vcpuXML{Placement: "static", Value: s.VCPUs}
+func configureSize(s *Spec, d *libvirtxml.Domain) {
+	d.Memory = &libvirtxml.DomainMemory{Unit: "MiB", Value: uint(s.MemoryMiB)}
+	d.VCPU = &libvirtxml.DomainVCPU{Placement: "static", Value: uint(s.VCPUs)}
 }
 
 // configurePlatform sets the machine, acceleration and what happens when the
 // guest stops. <acpi/> is required: without it the guest never sees the
 // power button and a SIGTERM cannot power it off.
-func configurePlatform(s *Spec, d *domainXML) {
+func configurePlatform(s *Spec, d *libvirtxml.Domain) {
 	d.Type = "qemu"
 	if s.Accel == AccelKVM {
 		d.Type = "kvm"
-		d.CPU = &cpuXML{Mode: "host-passthrough"}
+		d.CPU = &libvirtxml.DomainCPU{Mode: "host-passthrough"}
 	}
-	d.OS.Type = osTypeXML{Arch: "x86_64", Machine: s.Machine, Value: "hvm"}
-	d.Features = featuresXML{ACPI: &struct{}{}, APIC: &struct{}{}}
-	d.Clock = clockXML{Offset: "utc"}
+	d.OS.Type = &libvirtxml.DomainOSType{Arch: "x86_64", Machine: s.Machine, Type: "hvm"}
+	d.Features = &libvirtxml.DomainFeatureList{ACPI: &libvirtxml.DomainFeature{}, APIC: &libvirtxml.DomainFeatureAPIC{}}
+	d.Clock = &libvirtxml.DomainClock{Offset: "utc"}
 	// A guest poweroff or crash ends the task; a guest reboot keeps the same
 	// QEMU process and so the same running task.
 	d.OnPoweroff = "destroy"
@@ -85,11 +102,13 @@ func configurePlatform(s *Spec, d *domainXML) {
 // hugetlbfs mount that libvirtd found when it started, which this
 // project's hosts do not have ("hugetlbfs filesystem is not mounted"
 // from libvirt 9.0 here), and memfd is what virtiofs shares need anyway.
-func configurePinning(s *Spec, d *domainXML) {
+func configurePinning(s *Spec, d *libvirtxml.Domain) {
 	if s.HugePageKiB > 0 {
-		d.MemoryBacking = &memoryBackingXML{
-			HugePages: &hugePagesXML{Page: pageXML{Size: s.HugePageKiB, Unit: "KiB"}},
-			Source:    &memorySourceXML{Type: "memfd"},
+		d.MemoryBacking = &libvirtxml.DomainMemoryBacking{
+			MemoryHugePages: &libvirtxml.DomainMemoryHugepages{
+				Hugepages: []libvirtxml.DomainMemoryHugepage{{Size: uint(s.HugePageKiB), Unit: "KiB"}},
+			},
+			MemorySource: &libvirtxml.DomainMemorySource{Type: "memfd"},
 		}
 	}
 	p := s.Pinning
@@ -98,29 +117,37 @@ func configurePinning(s *Spec, d *domainXML) {
 	}
 	d.VCPU.CPUSet = cpuList(p.CPUSet)
 	if len(p.VCPUPins) > 0 || len(p.EmulatorCPUs) > 0 {
-		d.CPUTune = &cputuneXML{}
+		d.CPUTune = &libvirtxml.DomainCPUTune{}
 		for i, cpus := range p.VCPUPins {
-			d.CPUTune.VCPUPins = append(d.CPUTune.VCPUPins, vcpuPinXML{VCPU: i, CPUSet: cpuList(cpus)})
+			d.CPUTune.VCPUPin = append(d.CPUTune.VCPUPin, libvirtxml.DomainCPUTuneVCPUPin{VCPU: uint(i), CPUSet: cpuList(cpus)})
 		}
 		if len(p.EmulatorCPUs) > 0 {
-			d.CPUTune.EmulatorPin = &emulatorPinXML{CPUSet: cpuList(p.EmulatorCPUs)}
+			d.CPUTune.EmulatorPin = &libvirtxml.DomainCPUTuneEmulatorPin{CPUSet: cpuList(p.EmulatorCPUs)}
 		}
 	}
 	if len(p.MemoryNodes) > 0 {
-		d.NUMATune = &numatuneXML{Memory: numaMemoryXML{Mode: "strict", Nodeset: cpuList(p.MemoryNodes)}}
+		d.NUMATune = &libvirtxml.DomainNUMATune{Memory: &libvirtxml.DomainNUMATuneMemory{Mode: "strict", Nodeset: cpuList(p.MemoryNodes)}}
 	}
 	if len(p.Cells) > 0 {
 		if d.CPU == nil {
-			d.CPU = &cpuXML{}
+			d.CPU = &libvirtxml.DomainCPU{}
 		}
-		d.CPU.NUMA = &cpuNUMAXML{}
+		d.CPU.Numa = &libvirtxml.DomainNuma{}
 		for i, c := range p.Cells {
-			d.CPU.NUMA.Cells = append(d.CPU.NUMA.Cells, cellXML{ID: i, CPUs: cpuList(c.VCPUs), Memory: c.MemoryMiB, Unit: "MiB"})
+			d.CPU.Numa.Cell = append(d.CPU.Numa.Cell,
+				libvirtxml.DomainCell{ID: uintPtr(i), CPUs: cpuList(c.VCPUs), Memory: uint(c.MemoryMiB), Unit: "MiB"})
 			if d.NUMATune != nil {
-				d.NUMATune.MemNodes = append(d.NUMATune.MemNodes, memNodeXML{CellID: i, Mode: "strict", Nodeset: strconv.Itoa(c.HostNode)})
+				d.NUMATune.MemNodes = append(d.NUMATune.MemNodes,
+					libvirtxml.DomainNUMATuneMemNode{CellID: uint(i), Mode: "strict", Nodeset: strconv.Itoa(c.HostNode)})
 			}
 		}
 	}
+}
+
+// uintPtr is a pointer to n, for libvirtxml's optional numeric attributes.
+func uintPtr(n int) *uint {
+	u := uint(n)
+	return &u
 }
 
 // cpuList writes CPU or node numbers as libvirt wants them: "0-3,8,10-11".
@@ -143,59 +170,61 @@ func cpuList(v []int) string {
 	return strings.Join(parts, ",")
 }
 
-func configureBoot(s *Spec, d *domainXML) {
+func configureBoot(s *Spec, d *libvirtxml.Domain) {
 	if k := s.Kernel; k != nil {
 		d.OS.Kernel = k.Path
 		d.OS.Initrd = k.Initrd
 		d.OS.Cmdline = k.Cmdline
 		return
 	}
-	d.OS.Boot = &bootXML{Dev: "hd"}
+	d.OS.BootDevices = []libvirtxml.DomainBootDevice{{Dev: "hd"}}
 	// SeaBIOS mirrors its screen to the serial port, so the console shows
 	// bootloaders and firmware that only print through the BIOS.
-	d.OS.BIOS = &biosXML{UseSerial: "yes"}
+	d.OS.BIOS = &libvirtxml.DomainBIOS{UseSerial: "yes"}
 }
 
-func configureDisk(s *Spec, d *domainXML) {
+func configureDisk(s *Spec, d *libvirtxml.Domain) {
 	if s.Disk == nil {
 		return
 	}
-	d.Devices.Disks = append(d.Devices.Disks, diskXML{
-		Type:   "file",
+	d.Devices.Disks = append(d.Devices.Disks, libvirtxml.DomainDisk{
 		Device: "disk",
-		Driver: diskDriverXML{Name: "qemu", Type: s.Disk.Format, Discard: "unmap"},
-		Source: diskSourceXML{File: s.Disk.Path},
-		Target: diskTargetXML{Dev: "vda", Bus: "virtio"},
+		Driver: &libvirtxml.DomainDiskDriver{Name: "qemu", Type: s.Disk.Format, Discard: "unmap"},
+		Source: fileSource(s.Disk.Path),
+		Target: &libvirtxml.DomainDiskTarget{Dev: "vda", Bus: "virtio"},
 	})
 }
 
-func configureConfigDrive(s *Spec, d *domainXML) {
+// fileSource is the source of a disk of type file (libvirtxml derives
+// the disk's type from which source is set).
+func fileSource(path string) *libvirtxml.DomainDiskSource {
+	return &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: path}}
+}
+
+func configureConfigDrive(s *Spec, d *libvirtxml.Domain) {
 	cd := s.ConfigDrive
 	if cd == nil {
 		return
 	}
-	disk := diskXML{
-		Type:     "file",
+	disk := libvirtxml.DomainDisk{
 		Device:   "disk",
-		Driver:   diskDriverXML{Name: "qemu", Type: "raw"},
-		Source:   diskSourceXML{File: cd.Path},
-		Target:   diskTargetXML{Dev: "vdz", Bus: "virtio"},
-		ReadOnly: &struct{}{},
+		Driver:   &libvirtxml.DomainDiskDriver{Name: "qemu", Type: "raw"},
+		Source:   fileSource(cd.Path),
+		Target:   &libvirtxml.DomainDiskTarget{Dev: "vdz", Bus: "virtio"},
+		ReadOnly: &libvirtxml.DomainDiskReadOnly{},
 	}
 	if cd.Format == "iso9660" {
-		disk.Device, disk.Target = "cdrom", diskTargetXML{Dev: "sdz", Bus: "scsi"}
-		zero := 0
-		d.Devices.Controllers = append(d.Devices.Controllers, controllerXML{Type: "scsi", Index: &zero, Model: "virtio-scsi"})
+		disk.Device, disk.Target = "cdrom", &libvirtxml.DomainDiskTarget{Dev: "sdz", Bus: "scsi"}
+		d.Devices.Controllers = append(d.Devices.Controllers, libvirtxml.DomainController{Type: "scsi", Index: uintPtr(0), Model: "virtio-scsi"})
 	}
 	d.Devices.Disks = append(d.Devices.Disks, disk)
 }
 
-func configureConsole(s *Spec, d *domainXML) {
-	d.Devices.Serials = append(d.Devices.Serials, serialXML{
-		Type:   "unix",
-		Source: serialSourceXML{Mode: "bind", Path: s.Console.Socket},
-		Log:    &serialLogXML{File: s.Console.Log, Append: "on"},
-		Target: serialTargetXML{Port: 0},
+func configureConsole(s *Spec, d *libvirtxml.Domain) {
+	d.Devices.Serials = append(d.Devices.Serials, libvirtxml.DomainSerial{
+		Source: &libvirtxml.DomainChardevSource{UNIX: &libvirtxml.DomainChardevSourceUNIX{Mode: "bind", Path: s.Console.Socket}},
+		Log:    &libvirtxml.DomainChardevLog{File: s.Console.Log, Append: "on"},
+		Target: &libvirtxml.DomainSerialTarget{Port: uintPtr(0)},
 	})
 }
 
@@ -207,12 +236,13 @@ const AgentPort = "org.qemu.guest_agent.0"
 // through which exec runs commands in the guest. It must be there from
 // the start: a virtio-serial port cannot be hot-plugged without a
 // controller already in the domain. libvirt connects to the socket itself
-// and serves it through its agent API; the shim never opens it.
-func configureAgentChannel(s *Spec, d *domainXML) {
-	d.Devices.Channels = append(d.Devices.Channels, channelXML{
-		Type:   "unix",
-		Source: channelSourceXML{Mode: "bind"},
-		Target: channelTargetXML{Type: "virtio", Name: AgentPort},
+// and serves it through its agent API; the shim never opens it. With no
+// path in the channel's source, libvirt picks the socket's place itself
+// (under its own state directory, out of the VM dir).
+func configureAgentChannel(s *Spec, d *libvirtxml.Domain) {
+	d.Devices.Channels = append(d.Devices.Channels, libvirtxml.DomainChannel{
+		Source: &libvirtxml.DomainChardevSource{UNIX: &libvirtxml.DomainChardevSourceUNIX{Mode: "bind"}},
+		Target: &libvirtxml.DomainChannelTarget{VirtIO: &libvirtxml.DomainChannelTargetVirtIO{Name: AgentPort}},
 	})
 	d.Devices.Controllers = append(d.Devices.Controllers, virtioSerialController(len(d.Devices.Channels)))
 }
@@ -224,19 +254,23 @@ func configureAgentChannel(s *Spec, d *domainXML) {
 // polls on every iteration, used or not): 64 of a VM's 77 descriptors.
 // Under TCG that polling cost the shim's VM ~1.5x the main-loop CPU of a
 // domain without the controller for the same disk I/O (kvmbench volumes).
-func virtioSerialController(channels int) controllerXML {
-	zero := 0
-	return controllerXML{Type: "virtio-serial", Index: &zero, Ports: channels + 1}
+func virtioSerialController(channels int) libvirtxml.DomainController {
+	ports := uint(channels + 1)
+	return libvirtxml.DomainController{Type: "virtio-serial", Index: uintPtr(0),
+		VirtIOSerial: &libvirtxml.DomainControllerVirtIOSerial{Ports: &ports}}
 }
 
 // configureDevices adds the small fixed devices: a virtio RNG so guests do
 // not stall on entropy at boot, no balloon (memory is fixed per VM) and no
 // USB controller (nothing plugs into it; libvirt would add one by default).
-func configureDevices(s *Spec, d *domainXML) {
-	d.Devices.Controllers = append(d.Devices.Controllers, controllerXML{Type: "usb", Model: "none"})
-	d.Devices.RNGs = append(d.Devices.RNGs, rngXML{
+// The USB controller carries an empty USB part as libvirtxml parses one
+// back, so a rendered domain reads back equal to the one built.
+func configureDevices(s *Spec, d *libvirtxml.Domain) {
+	d.Devices.Controllers = append(d.Devices.Controllers,
+		libvirtxml.DomainController{Type: "usb", Model: "none", USB: &libvirtxml.DomainControllerUSB{}})
+	d.Devices.RNGs = append(d.Devices.RNGs, libvirtxml.DomainRNG{
 		Model:   "virtio",
-		Backend: rngBackendXML{Model: "random", Value: "/dev/urandom"},
+		Backend: &libvirtxml.DomainRNGBackend{Random: &libvirtxml.DomainRNGBackendRandom{Device: "/dev/urandom"}},
 	})
-	d.Devices.MemBalloon = &memBalloonXML{Model: "none"}
+	d.Devices.MemBalloon = &libvirtxml.DomainMemBalloon{Model: "none"}
 }

@@ -2,7 +2,6 @@ package vm
 
 import (
 	"bytes"
-	"encoding/xml"
 	"flag"
 	"fmt"
 	"os"
@@ -10,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"libvirt.org/go/libvirtxml"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -174,8 +175,8 @@ func TestRenderEscapes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var back domainXML
-	if err := xml.Unmarshal(out, &back); err != nil {
+	var back libvirtxml.Domain
+	if err := back.Unmarshal(string(out)); err != nil {
 		t.Fatal(err)
 	}
 	if back.OS.Cmdline != spec.Kernel.Cmdline {

@@ -6,14 +6,15 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/digitalocean/go-libvirt"
+	"libvirt.org/go/libvirtxml"
 )
 
 // configureHotplug lets a VM grow to MaxVCPUs live: <vcpu current='N'>MAX</vcpu>.
 // QEMU creates the missing vCPUs only when they are plugged.
-func configureHotplug(s *Spec, d *domainXML) {
+func configureHotplug(s *Spec, d *libvirtxml.Domain) {
 	if s.MaxVCPUs > s.VCPUs {
-		d.VCPU.Current = s.VCPUs
-		d.VCPU.Value = s.MaxVCPUs
+		d.VCPU.Current = uint(s.VCPUs)
+		d.VCPU.Value = uint(s.MaxVCPUs)
 	}
 }
 

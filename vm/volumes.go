@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+
+	"libvirt.org/go/libvirtxml"
 )
 
 // VolumeDisk is a pod volume given to the guest as a virtio-blk disk: a
@@ -93,25 +95,24 @@ func (s *Spec) validateVolumes() error {
 // configureVolumeDisks attaches each volume disk as virtio-blk with the
 // host page cache bypassed (cache=none, io=native: the guest's flushes
 // reach the volume, as on a cloud disk) under its stable serial.
-func configureVolumeDisks(s *Spec, d *domainXML) {
+func configureVolumeDisks(s *Spec, d *libvirtxml.Domain) {
 	for i, v := range s.VolumeDisks {
-		drv := diskDriverXML{Name: "qemu", Type: v.Format, Cache: "none", IO: "native", Discard: "unmap"}
+		drv := &libvirtxml.DomainDiskDriver{Name: "qemu", Type: v.Format, Cache: "none", IO: "native", Discard: "unmap"}
 		if v.HostCache {
 			drv.Cache, drv.IO = "writeback", "threads"
 		}
-		disk := diskXML{
-			Type:   "file",
+		disk := libvirtxml.DomainDisk{
 			Device: "disk",
 			Driver: drv,
-			Source: diskSourceXML{File: v.Path},
-			Target: diskTargetXML{Dev: "vd" + string(rune('b'+i)), Bus: "virtio"},
+			Source: fileSource(v.Path),
+			Target: &libvirtxml.DomainDiskTarget{Dev: "vd" + string(rune('b'+i)), Bus: "virtio"},
 			Serial: v.Serial,
 		}
 		if v.Block {
-			disk.Type, disk.Source = "block", diskSourceXML{Dev: v.Path}
+			disk.Source = &libvirtxml.DomainDiskSource{Block: &libvirtxml.DomainDiskSourceBlock{Dev: v.Path}}
 		}
 		if v.ReadOnly {
-			disk.ReadOnly = &struct{}{}
+			disk.ReadOnly = &libvirtxml.DomainDiskReadOnly{}
 		}
 		d.Devices.Disks = append(d.Devices.Disks, disk)
 	}
@@ -122,23 +123,22 @@ func configureVolumeDisks(s *Spec, d *domainXML) {
 // share with virtiofsd: memfd (of huge pages when configurePinning chose
 // them) with shared access. libvirt 9.0 refuses <readonly/> for virtiofs:
 // a read-only share's Source is a read-only bind mount the caller made.
-func configureShares(s *Spec, d *domainXML) {
+func configureShares(s *Spec, d *libvirtxml.Domain) {
 	if len(s.Shares) == 0 {
 		return
 	}
 	if d.MemoryBacking == nil {
-		d.MemoryBacking = &memoryBackingXML{}
+		d.MemoryBacking = &libvirtxml.DomainMemoryBacking{}
 	}
-	d.MemoryBacking.Source = &memorySourceXML{Type: "memfd"}
-	d.MemoryBacking.Access = &memoryAccessXML{Mode: "shared"}
+	d.MemoryBacking.MemorySource = &libvirtxml.DomainMemorySource{Type: "memfd"}
+	d.MemoryBacking.MemoryAccess = &libvirtxml.DomainMemoryAccess{Mode: "shared"}
 	for _, sh := range s.Shares {
-		d.Devices.Filesystems = append(d.Devices.Filesystems, filesystemXML{
-			Type:       "mount",
+		d.Devices.Filesystems = append(d.Devices.Filesystems, libvirtxml.DomainFilesystem{
 			AccessMode: "passthrough",
-			Driver:     fsDriverXML{Type: "virtiofs"},
-			Binary:     fsBinaryXML{Path: s.VirtiofsBinary},
-			Source:     fsSourceXML{Dir: sh.Source},
-			Target:     fsTargetXML{Dir: sh.Tag},
+			Driver:     &libvirtxml.DomainFilesystemDriver{Type: "virtiofs"},
+			Binary:     &libvirtxml.DomainFilesystemBinary{Path: s.VirtiofsBinary},
+			Source:     &libvirtxml.DomainFilesystemSource{Mount: &libvirtxml.DomainFilesystemSourceMount{Dir: sh.Source}},
+			Target:     &libvirtxml.DomainFilesystemTarget{Dir: sh.Tag},
 		})
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"libvirt.org/go/libvirtxml"
 )
 
 // A dead run's directory with a mount, a process naming it and a libvirt
@@ -56,9 +58,17 @@ func TestSweepDeadRuns(t *testing.T) {
 	}
 	defer l.Disconnect()
 	name := fmt.Sprintf("kvm-sweep-test-%d", os.Getpid())
-	dom, err := l.DomainDefineXML(fmt.Sprintf(`<domain type='qemu'><name>%s</name><memory unit='MiB'>16</memory>`+
-		`<os><type arch='x86_64'>hvm</type></os>`+
-		`<devices><serial type='file'><source path='%s/console.log'/></serial></devices></domain>`, name, dead))
+	x, err := (&libvirtxml.Domain{
+		Type: "qemu", Name: name, Memory: &libvirtxml.DomainMemory{Unit: "MiB", Value: 16},
+		OS: &libvirtxml.DomainOS{Type: &libvirtxml.DomainOSType{Arch: "x86_64", Type: "hvm"}},
+		Devices: &libvirtxml.DomainDeviceList{Serials: []libvirtxml.DomainSerial{{
+			Source: &libvirtxml.DomainChardevSource{File: &libvirtxml.DomainChardevSourceFile{Path: dead + "/console.log"}},
+		}}},
+	}).Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dom, err := l.DomainDefineXML(x)
 	if err != nil {
 		t.Fatal(err)
 	}

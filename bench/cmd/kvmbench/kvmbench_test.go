@@ -67,19 +67,23 @@ const shimXML = `<domain type='qemu'>
 </domain>`
 
 func TestBaselineXML(t *testing.T) {
-	m := consoleLogRE.FindStringSubmatch(shimXML)
-	if m == nil || m[1] != "/run/b/shim-state/vms/abc" {
-		t.Fatalf("console log dir: %v", m)
+	dom, vmDir, err := shimDomain(shimXML)
+	if err != nil || vmDir != "/run/b/shim-state/vms/abc" {
+		t.Fatalf("console log dir %q: %v", vmDir, err)
 	}
-	x, err := baselineXML(shimXML, m[1], "/run/b/raw/files", "/run/b/shim-state")
+	tmpl, err := baselineTemplate(dom, vmDir, "/run/b/raw/files", "/run/b/shim-state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := tmpl.instance("kvmbench-raw-1-0", "6f1c2a4e-8d3b-4e7f-9a0b-1c2d3e4f5a6c", "/run/b/raw/run-0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"<name>@NAME@</name>", "<uuid>@UUID@</uuid>",
+		"<name>kvmbench-raw-1-0</name>", "<uuid>6f1c2a4e-8d3b-4e7f-9a0b-1c2d3e4f5a6c</uuid>",
 		"<kernel>/run/b/raw/files/vmlinuz</kernel>", "<initrd>/run/b/raw/files/initrd</initrd>",
-		"file='/run/b/raw/files/config-2.img'", "path='@RUNDIR@/console.sock'", "file='@RUNDIR@/console.log'",
-		"<memory unit='KiB'>131072</memory>",
+		`file="/run/b/raw/files/config-2.img"`, `path="/run/b/raw/run-0/console.sock"`, `file="/run/b/raw/run-0/console.log"`,
+		`<memory unit="KiB">131072</memory>`,
 	} {
 		if !strings.Contains(x, want) {
 			t.Errorf("baseline XML lacks %s:\n%s", want, x)
@@ -88,9 +92,20 @@ func TestBaselineXML(t *testing.T) {
 	if strings.Contains(x, "metadata") || strings.Contains(x, "shim-state") {
 		t.Errorf("baseline XML keeps the shim's metadata or state dir:\n%s", x)
 	}
+	// A second run gets its own identity and console from the same template.
+	y, err := tmpl.instance("kvmbench-raw-1-1", "6f1c2a4e-8d3b-4e7f-9a0b-1c2d3e4f5a6d", "/run/b/raw/run-1")
+	if err != nil || !strings.Contains(y, "<name>kvmbench-raw-1-1</name>") || !strings.Contains(y, `file="/run/b/raw/run-1/console.log"`) {
+		t.Errorf("second instance (%v):\n%s", err, y)
+	}
 	overlay := strings.Replace(shimXML, "/run/b/shim-state/vms/abc/config-2.img", "/run/b/shim-state/pods/u/vm/overlay.qcow2", 1)
-	if _, err := baselineXML(overlay, m[1], "/run/b/raw/files", "/run/b/shim-state"); err == nil {
+	if dom, vmDir, err = shimDomain(overlay); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := baselineTemplate(dom, vmDir, "/run/b/raw/files", "/run/b/shim-state"); err == nil {
 		t.Error("a disk outside the VM dir must be refused")
+	}
+	if _, _, err := shimDomain(`<domain type='qemu'><devices></devices></domain>`); err == nil {
+		t.Error("a domain without a console log was taken")
 	}
 }
 

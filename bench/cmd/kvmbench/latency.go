@@ -71,7 +71,7 @@ type latencyResults struct {
 // directly, on one connection kept open (as a long-lived agent would).
 type baseline struct {
 	l        *libvirt.Libvirt
-	template string // with @NAME@, @UUID@, @RUNDIR@
+	template *domainTemplate
 	rawDir   string
 }
 
@@ -92,7 +92,7 @@ func runLatency(ctx context.Context, e *env) (*latencyResults, error) {
 	if err != nil {
 		return nil, fmt.Errorf("capture the shim's domain XML: %w", err)
 	}
-	res.Template = bl.template
+	res.Template = bl.template.xml
 
 	raw := &pathResult{Key: "raw", Label: "go-libvirt define+create (baseline)"}
 	type step struct {
@@ -382,20 +382,19 @@ func captureTemplate(ctx context.Context, l *libvirt.Libvirt, d *daemon, rawDir 
 	if err = waitTask(ctx, tasks, id, "RUNNING"); err != nil {
 		return nil, err
 	}
-	xml, err := onlyShimDomainXML(l, d)
+	x, err := onlyShimDomainXML(l, d)
 	if err != nil {
 		return nil, err
 	}
-	m := consoleLogRE.FindStringSubmatch(xml)
-	if m == nil {
-		return nil, fmt.Errorf("no console log in the shim's domain XML:\n%s", xml)
+	dom, vmDir, err := shimDomain(x)
+	if err != nil {
+		return nil, err
 	}
-	vmDir := m[1]
 	filesDir := filepath.Join(rawDir, "files")
 	if err = copyVMFiles(vmDir, filesDir); err != nil {
 		return nil, err
 	}
-	tmpl, err := baselineXML(xml, vmDir, filesDir, d.ShimStateDir)
+	tmpl, err := baselineTemplate(dom, vmDir, filesDir, d.ShimStateDir)
 	if err != nil {
 		return nil, err
 	}
@@ -418,38 +417,6 @@ func onlyShimDomainXML(l *libvirt.Libvirt, d *daemon) (string, error) {
 	return l.DomainGetXMLDesc(dom, libvirt.DomainXMLInactive)
 }
 
-var (
-	consoleLogRE = regexp.MustCompile(`<log file=['"]([^'"]+)/console\.log['"]`)
-	metadataRE   = regexp.MustCompile(`(?s)\s*<metadata>.*?</metadata>`)
-	nameRE       = regexp.MustCompile(`<name>[^<]*</name>`)
-	uuidRE       = regexp.MustCompile(`<uuid>[^<]*</uuid>`)
-)
-
-// baselineXML turns the shim's domain XML into the baseline's template:
-// placeholders for name, uuid and the per-run dir of the console, the
-// shim's files replaced by the copies in filesDir, and no <metadata> (the
-// shim must not take the baseline's domains for its own). Everything else
-// (devices, sizes, pinning, emulator) stays as the shim rendered it.
-func baselineXML(xml, vmDir, filesDir, stateDir string) (string, error) {
-	x := metadataRE.ReplaceAllString(xml, "")
-	x = nameRE.ReplaceAllString(x, "<name>@NAME@</name>")
-	x = uuidRE.ReplaceAllString(x, "<uuid>@UUID@</uuid>")
-	for _, f := range []string{"console.sock", "console.log"} {
-		x = strings.ReplaceAll(x, filepath.Join(vmDir, f), "@RUNDIR@/"+f)
-	}
-	x = strings.ReplaceAll(x, vmDir+"/", filesDir+"/")
-	if strings.Contains(x, stateDir+"/") {
-		return "", fmt.Errorf("the domain XML still names the shim's state dir %s (a disk overlay?): "+
-			"only direct kernel boot images are supported", stateDir)
-	}
-	for _, ph := range []string{"@NAME@", "@UUID@", "@RUNDIR@/console.log"} {
-		if !strings.Contains(x, ph) {
-			return "", fmt.Errorf("the domain XML has no place for %s", ph)
-		}
-	}
-	return x, nil
-}
-
 // run defines and creates one baseline domain until it is running, then
 // waits for the boot, destroys and undefines it.
 func (b *baseline) run(ctx context.Context, i int, p *pathResult) (retErr error) {
@@ -459,7 +426,10 @@ func (b *baseline) run(ctx context.Context, i int, p *pathResult) (retErr error)
 		return err
 	}
 	defer os.RemoveAll(runDir)
-	xml := strings.NewReplacer("@NAME@", name, "@UUID@", newUUID(), "@RUNDIR@", runDir).Replace(b.template)
+	xml, err := b.template.instance(name, newUUID(), runDir)
+	if err != nil {
+		return err
+	}
 
 	t0 := time.Now()
 	dom, err := b.l.DomainDefineXML(xml)

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
+	"libvirt.org/go/libvirtxml"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
 )
@@ -103,25 +104,25 @@ func runNet(ctx context.Context, e *env) (_ *netResults, retErr error) {
 	c := &netVariant{Key: "c", Label: "(c) libvirt TAP on a host bridge (same domain XML + <interface type='bridge'>)"}
 	cal := &netVariant{Key: "d", Label: "(d) shim TAP, IFF_VNET_HDR, Calico-shaped pod (/32, on-link 169.254.1.1, proxy ARP on the host veth)"}
 	res.Variants = []*netVariant{a, bv, c, cal}
-	var tmpl string
+	var tmpl *domainTemplate
 	for i := 0; i < e.cfg.netRuns; i++ {
 		logf("net: iteration %d/%d", i+1, e.cfg.netRuns)
 		for _, v := range res.Variants {
 			var err error
 			switch v.Key {
 			case "a":
-				var x string
-				x, err = shimNetRun(ctx, d, e, ref, d.ShimConfigPath, i, v, podNetSetup, tmpl == "", l)
-				if x != "" {
+				var x *domainTemplate
+				x, err = shimNetRun(ctx, d, e, ref, d.ShimConfigPath, i, v, podNetSetup, tmpl == nil, l)
+				if x != nil {
 					tmpl = x
-					res.Template = x
+					res.Template = x.xml
 				}
 			case "b":
 				_, err = shimNetRun(ctx, d, e, ref, offCfg, i, v, podNetSetup, false, l)
 			case "d":
 				_, err = shimNetRun(ctx, d, e, ref, d.ShimConfigPath, i, v, calicoNetSetup, false, l)
 			case "c":
-				if tmpl == "" {
+				if tmpl == nil {
 					err = errors.New("no domain XML captured from (a)")
 					break
 				}
@@ -403,9 +404,9 @@ func iperf(ctx context.Context, addr string, secs int, reverse bool) (float64, e
 // setup) through the shim with the given config, measures, and removes it. With capture, it
 // returns the bridge variant's template made from the shim's domain XML.
 func shimNetRun(ctx context.Context, d *daemon, e *env, ref, cfg string, i int, v *netVariant, setup func(context.Context) error,
-	capture bool, l *libvirt.Libvirt) (tmpl string, retErr error) {
+	capture bool, l *libvirt.Libvirt) (tmpl *domainTemplate, retErr error) {
 	if err := setup(ctx); err != nil {
-		return "", err
+		return nil, err
 	}
 	defer func() { retErr = errors.Join(retErr, podNetTeardown()) }()
 	id := fmt.Sprintf("net-%s-%d", v.Key, i)
@@ -415,10 +416,10 @@ func shimNetRun(ctx context.Context, d *daemon, e *env, ref, cfg string, i int, 
 	cmd.Stdout, cmd.Stderr = con, con
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	if startErr := cmd.Start(); startErr != nil {
-		return "", startErr
+		return nil, startErr
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
@@ -436,10 +437,10 @@ func shimNetRun(ctx context.Context, d *daemon, e *env, ref, cfg string, i int, 
 	}()
 	if capture {
 		if _, err = con.waitFor(ctx, readyLine, 3*bootTimeout); err != nil {
-			return "", err
+			return nil, err
 		}
 		if tmpl, err = bridgeTemplate(l, d, e); err != nil {
-			return "", fmt.Errorf("capture the shim's domain XML: %w", err)
+			return nil, fmt.Errorf("capture the shim's domain XML: %w", err)
 		}
 	}
 	return tmpl, measureGuest(ctx, con, stdin, podAddr, e.cfg.netSeconds, v)
@@ -448,47 +449,46 @@ func shimNetRun(ctx context.Context, d *daemon, e *env, ref, cfg string, i int, 
 // bridgeTemplate takes the running shim VM's XML, copies its files, and
 // makes it the bridge variant: a new identity, the bridge's address on the
 // kernel command line, and a libvirt <interface type='bridge'>.
-func bridgeTemplate(l *libvirt.Libvirt, d *daemon, e *env) (string, error) {
-	xml, err := onlyShimDomainXML(l, d)
+func bridgeTemplate(l *libvirt.Libvirt, d *daemon, e *env) (*domainTemplate, error) {
+	x, err := onlyShimDomainXML(l, d)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	m := consoleLogRE.FindStringSubmatch(xml)
-	if m == nil {
-		return "", errors.New("no console log in the shim's domain XML")
+	dom, vmDir, err := shimDomain(x)
+	if err != nil {
+		return nil, err
 	}
 	files := filepath.Join(e.rawDir, "net-files")
-	if err = copyVMFiles(m[1], files); err != nil {
-		return "", err
-	}
-	x, err := baselineXML(xml, m[1], files, d.ShimStateDir)
-	if err != nil {
-		return "", err
+	if err = copyVMFiles(vmDir, files); err != nil {
+		return nil, err
 	}
 	ip := fmt.Sprintf("ip=%s::%s:255.255.255.0:kvm-guest::off", bridgeAddr, bridgeGW)
-	if !ipArgRE.MatchString(x) {
-		return "", fmt.Errorf("the shim's kernel command line has no ip= argument:\n%s", x)
+	if dom.OS == nil || !ipArgRE.MatchString(dom.OS.Cmdline) {
+		return nil, fmt.Errorf("the shim's kernel command line has no ip= argument:\n%s", x)
 	}
-	x = ipArgRE.ReplaceAllString(x, ip)
-	iface := fmt.Sprintf("<interface type='bridge'><source bridge='%s'/><model type='virtio'/></interface>\n  </devices>", netBridge)
-	if strings.Count(x, "</devices>") != 1 {
-		return "", errors.New("the shim's domain XML has no single </devices>")
-	}
-	return strings.Replace(x, "</devices>", iface, 1), nil
+	dom.OS.Cmdline = ipArgRE.ReplaceAllString(dom.OS.Cmdline, ip)
+	dom.Devices.Interfaces = append(dom.Devices.Interfaces, libvirtxml.DomainInterface{
+		Source: &libvirtxml.DomainInterfaceSource{Bridge: &libvirtxml.DomainInterfaceSourceBridge{Bridge: netBridge}},
+		Model:  &libvirtxml.DomainInterfaceModel{Type: "virtio"},
+	})
+	return baselineTemplate(dom, vmDir, files, d.ShimStateDir)
 }
 
-var ipArgRE = regexp.MustCompile(`ip=[^\s<]+`)
+var ipArgRE = regexp.MustCompile(`ip=\S+`)
 
 // bridgeNetRun defines and starts the bridge variant, drives its console
 // socket directly, measures, and destroys it.
-func bridgeNetRun(ctx context.Context, l *libvirt.Libvirt, e *env, tmpl string, i int, v *netVariant) (retErr error) {
+func bridgeNetRun(ctx context.Context, l *libvirt.Libvirt, e *env, tmpl *domainTemplate, i int, v *netVariant) (retErr error) {
 	name := fmt.Sprintf("kvmbench-net-%d-%d", os.Getpid(), i)
 	runDir := filepath.Join(e.rawDir, fmt.Sprintf("net-run-%d", i))
 	if err := os.MkdirAll(runDir, 0o711); err != nil {
 		return err
 	}
 	defer os.RemoveAll(runDir)
-	xml := strings.NewReplacer("@NAME@", name, "@UUID@", newUUID(), "@RUNDIR@", runDir).Replace(tmpl)
+	xml, err := tmpl.instance(name, newUUID(), runDir)
+	if err != nil {
+		return err
+	}
 	dom, err := l.DomainDefineXML(xml)
 	if err != nil {
 		return fmt.Errorf("define: %w", err)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/xml"
 	"errors"
 	"fmt"
 	"os"
@@ -11,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/digitalocean/go-libvirt"
+	"libvirt.org/go/libvirtxml"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/cgroup"
 )
@@ -29,39 +29,31 @@ type rawVolumeVM struct {
 	VCPUs                         int
 }
 
-// shimDomainXML is the part of the shim's domain XML the raw domain copies.
-type shimDomainXML struct {
-	Type   string `xml:"type,attr"`
-	Memory struct {
-		Unit  string `xml:"unit,attr"`
-		Value uint64 `xml:",chardata"`
-	} `xml:"memory"`
-	VCPU struct {
-		Current int `xml:"current,attr"`
-		Count   int `xml:",chardata"`
-	} `xml:"vcpu"`
-	OS struct {
-		Type struct {
-			Arch    string `xml:"arch,attr"`
-			Machine string `xml:"machine,attr"`
-		} `xml:"type"`
-		Kernel string `xml:"kernel"`
-		Initrd string `xml:"initrd"`
-	} `xml:"os"`
-	Emulator string `xml:"devices>emulator"`
-}
-
 // parseShimDomain reads the shim VM's sizes and boot files from its XML.
 func parseShimDomain(x string) (*rawVolumeVM, error) {
-	var d shimDomainXML
-	if err := xml.Unmarshal([]byte(x), &d); err != nil {
+	var d libvirtxml.Domain
+	if err := d.Unmarshal(x); err != nil {
 		return nil, err
 	}
-	mult := map[string]uint64{"KiB": 1, "MiB": 1 << 10, "GiB": 1 << 20}[d.Memory.Unit]
-	vm := &rawVolumeVM{Type: d.Type, Arch: d.OS.Type.Arch, Machine: d.OS.Type.Machine, Emulator: d.Emulator,
-		Kernel: d.OS.Kernel, Initrd: d.OS.Initrd, MemoryKiB: d.Memory.Value * mult, VCPUs: d.VCPU.Count}
-	if d.VCPU.Current > 0 {
-		vm.VCPUs = d.VCPU.Current
+	vm := &rawVolumeVM{Type: d.Type}
+	if d.Memory != nil {
+		mult := map[string]uint64{"": 1, "KiB": 1, "MiB": 1 << 10, "GiB": 1 << 20}[d.Memory.Unit]
+		vm.MemoryKiB = uint64(d.Memory.Value) * mult
+	}
+	if d.VCPU != nil {
+		vm.VCPUs = int(d.VCPU.Value)
+		if d.VCPU.Current > 0 {
+			vm.VCPUs = int(d.VCPU.Current)
+		}
+	}
+	if d.OS != nil {
+		vm.Kernel, vm.Initrd = d.OS.Kernel, d.OS.Initrd
+		if d.OS.Type != nil {
+			vm.Arch, vm.Machine = d.OS.Type.Arch, d.OS.Type.Machine
+		}
+	}
+	if d.Devices != nil {
+		vm.Emulator = d.Devices.Emulator
 	}
 	if vm.Kernel == "" || vm.MemoryKiB == 0 || vm.VCPUs == 0 || vm.Emulator == "" {
 		return nil, fmt.Errorf("no direct-boot kernel, memory, vCPUs or emulator in the shim's domain XML:\n%s", x)
@@ -97,91 +89,39 @@ func captureRawVolumeVM(l *libvirt.Libvirt, d *daemon, rawDir string) (*rawVolum
 	return vm, nil
 }
 
-// rawDomainXML is the raw domain (b), written by hand: the guest's boot
+// domainXML renders the raw domain (b) for one run: the guest's boot
 // files and size, one virtio-blk disk on the host block device and a
 // serial console into a file. Nothing else the shim adds (config drive,
 // NIC, agent channel, pinning) has a part in disk I/O.
-type rawDomainXML struct {
-	XMLName    xml.Name `xml:"domain"`
-	Type       string   `xml:"type,attr"`
-	Name       string   `xml:"name"`
-	UUID       string   `xml:"uuid"`
-	Memory     rawMemoryXML
-	VCPU       int        `xml:"vcpu"`
-	OS         rawOSXML   `xml:"os"`
-	Features   rawFeatXML `xml:"features"`
-	OnPoweroff string     `xml:"on_poweroff"`
-	OnCrash    string     `xml:"on_crash"`
-	Devices    rawDevsXML `xml:"devices"`
-}
-
-type rawMemoryXML struct {
-	XMLName xml.Name `xml:"memory"`
-	Unit    string   `xml:"unit,attr"`
-	Value   uint64   `xml:",chardata"`
-}
-
-type rawOSXML struct {
-	Type struct {
-		Arch    string `xml:"arch,attr,omitempty"`
-		Machine string `xml:"machine,attr,omitempty"`
-		Value   string `xml:",chardata"`
-	} `xml:"type"`
-	Kernel  string `xml:"kernel"`
-	Initrd  string `xml:"initrd,omitempty"`
-	Cmdline string `xml:"cmdline"`
-}
-
-type rawFeatXML struct {
-	ACPI struct{} `xml:"acpi"`
-	APIC struct{} `xml:"apic"`
-}
-
-type rawDevsXML struct {
-	Emulator string `xml:"emulator"`
-	Disk     struct {
-		Type   string `xml:"type,attr"`
-		Device string `xml:"device,attr"`
-		Driver struct {
-			Name  string `xml:"name,attr"`
-			Type  string `xml:"type,attr"`
-			Cache string `xml:"cache,attr"`
-			IO    string `xml:"io,attr"`
-		} `xml:"driver"`
-		Source struct {
-			Dev string `xml:"dev,attr"`
-		} `xml:"source"`
-		Target struct {
-			Dev string `xml:"dev,attr"`
-			Bus string `xml:"bus,attr"`
-		} `xml:"target"`
-		Serial string `xml:"serial"`
-	} `xml:"disk"`
-	Serial struct {
-		Type   string `xml:"type,attr"`
-		Source struct {
-			Path string `xml:"path,attr"`
-		} `xml:"source"`
-		Target struct {
-			Port int `xml:"port,attr"`
-		} `xml:"target"`
-	} `xml:"serial"`
-}
-
-// domainXML renders the raw domain for one run.
 func (vm *rawVolumeVM) domainXML(name, uuid, dev, consoleLog, cmdline string) ([]byte, error) {
-	d := rawDomainXML{Type: vm.Type, Name: name, UUID: uuid, VCPU: vm.VCPUs, OnPoweroff: "destroy", OnCrash: "destroy"}
-	d.Memory.Unit, d.Memory.Value = "KiB", vm.MemoryKiB
-	d.OS.Type.Arch, d.OS.Type.Machine, d.OS.Type.Value = vm.Arch, vm.Machine, "hvm"
-	d.OS.Kernel, d.OS.Initrd, d.OS.Cmdline = vm.Kernel, vm.Initrd, cmdline
-	d.Devices.Emulator = vm.Emulator
-	k := &d.Devices.Disk
-	k.Type, k.Device, k.Serial = "block", "disk", volumeSerial
-	k.Driver.Name, k.Driver.Type, k.Driver.Cache, k.Driver.IO = "qemu", "raw", "none", "native"
-	k.Source.Dev = dev
-	k.Target.Dev, k.Target.Bus = "vdb", "virtio"
-	d.Devices.Serial.Type, d.Devices.Serial.Source.Path = "file", consoleLog
-	return xml.MarshalIndent(d, "", "  ")
+	port := uint(0)
+	d := libvirtxml.Domain{
+		Type: vm.Type, Name: name, UUID: uuid,
+		Memory: &libvirtxml.DomainMemory{Unit: "KiB", Value: uint(vm.MemoryKiB)},
+		VCPU:   &libvirtxml.DomainVCPU{Value: uint(vm.VCPUs)},
+		OS: &libvirtxml.DomainOS{
+			Type:   &libvirtxml.DomainOSType{Arch: vm.Arch, Machine: vm.Machine, Type: "hvm"},
+			Kernel: vm.Kernel, Initrd: vm.Initrd, Cmdline: cmdline,
+		},
+		Features:   &libvirtxml.DomainFeatureList{ACPI: &libvirtxml.DomainFeature{}, APIC: &libvirtxml.DomainFeatureAPIC{}},
+		OnPoweroff: "destroy", OnCrash: "destroy",
+		Devices: &libvirtxml.DomainDeviceList{
+			Emulator: vm.Emulator,
+			Disks: []libvirtxml.DomainDisk{{
+				Device: "disk",
+				Driver: &libvirtxml.DomainDiskDriver{Name: "qemu", Type: "raw", Cache: "none", IO: "native"},
+				Source: &libvirtxml.DomainDiskSource{Block: &libvirtxml.DomainDiskSourceBlock{Dev: dev}},
+				Target: &libvirtxml.DomainDiskTarget{Dev: "vdb", Bus: "virtio"},
+				Serial: volumeSerial,
+			}},
+			Serials: []libvirtxml.DomainSerial{{
+				Source: &libvirtxml.DomainChardevSource{File: &libvirtxml.DomainChardevSourceFile{Path: consoleLog}},
+				Target: &libvirtxml.DomainSerialTarget{Port: &port},
+			}},
+		},
+	}
+	x, err := d.Marshal()
+	return []byte(x), err
 }
 
 // run boots the raw domain on the block device, waits for the guest's

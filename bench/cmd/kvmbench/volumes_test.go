@@ -1,13 +1,14 @@
 package main
 
 import (
-	"encoding/xml"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"libvirt.org/go/libvirtxml"
 )
 
 // A CRI log of a guest that ran the storage benchmark: CRI's prefix on
@@ -112,28 +113,14 @@ func TestRawVolumeDomain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var back struct {
-		Cmdline string `xml:"os>cmdline"`
-		Disk    struct {
-			Type   string `xml:"type,attr"`
-			Driver struct {
-				Cache string `xml:"cache,attr"`
-				IO    string `xml:"io,attr"`
-			} `xml:"driver"`
-			Source struct {
-				Dev string `xml:"dev,attr"`
-			} `xml:"source"`
-			Serial string `xml:"serial"`
-		} `xml:"devices>disk"`
-		Memory string `xml:"memory"`
-		VCPU   int    `xml:"vcpu"`
-	}
-	if err = xml.Unmarshal(out, &back); err != nil {
+	var back libvirtxml.Domain
+	if err = back.Unmarshal(string(out)); err != nil {
 		t.Fatal(err)
 	}
-	if back.Disk.Type != "block" || back.Disk.Driver.Cache != "none" || back.Disk.Driver.IO != "native" ||
-		back.Disk.Source.Dev != "/dev/loop3" || back.Disk.Serial != volumeSerial || back.Memory != "131072" || back.VCPU != 1 ||
-		back.Cmdline != "console=ttyS0 kvm-guest.iobench=disk:dev-xvda,16,400,3 <&>" {
+	disk := back.Devices.Disks[0]
+	if disk.Source.Block == nil || disk.Driver.Cache != "none" || disk.Driver.IO != "native" ||
+		disk.Source.Block.Dev != "/dev/loop3" || disk.Serial != volumeSerial || back.Memory.Value != 131072 || back.VCPU.Value != 1 ||
+		back.OS.Cmdline != "console=ttyS0 kvm-guest.iobench=disk:dev-xvda,16,400,3 <&>" {
 		t.Errorf("raw domain XML:\n%s", out)
 	}
 	validator, err := exec.LookPath("virt-xml-validate")
