@@ -3,7 +3,7 @@ package shim
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -24,7 +24,12 @@ import (
 //     fails at once with Unavailable, so a task call that makes several
 //     libvirt calls waits for one bound at most;
 //   - when libvirtd answers again (the late call returns), calls go
-//     through again, with no restart of anything.
+//     through again, with no restart of anything;
+//   - releasing a VM (a task's Delete, the cleanup delete) first waits up
+//     to changeBound for libvirtd to answer the late calls: containerd
+//     does not retry a failed Delete (after a StartContainer that failed
+//     for the hang, CRI's cleanup Delete is the only one), and a task left
+//     undeleted keeps its container from ever being removed.
 //
 // A late change may still be carried out once libvirtd resumes (a Define
 // or a Start that timed out): the task call has failed and rolled back by
@@ -33,8 +38,11 @@ import (
 type boundedDomains struct {
 	domains
 	query, change time.Duration
-	// late counts the calls still running past their bound.
-	late atomic.Int64
+	// late counts the calls still running past their bound; answered is
+	// closed when it drops to 0 (nil while it is 0). Guarded by mu.
+	mu       sync.Mutex
+	late     int
+	answered chan struct{}
 }
 
 const (
@@ -51,7 +59,7 @@ var _ domains = (*boundedDomains)(nil)
 // bounded runs fn within bound, as described on boundedDomains.
 func bounded[T any](b *boundedDomains, what string, bound time.Duration, fn func() (T, error)) (T, error) {
 	var zero T
-	if n := b.late.Load(); n > 0 {
+	if n, _ := b.lateCalls(); n > 0 {
 		return zero, fmt.Errorf("libvirt %s: libvirtd has not answered %d earlier call(s) within their bound: %w", what, n,
 			errdefs.ErrUnavailable)
 	}
@@ -74,12 +82,50 @@ func bounded[T any](b *boundedDomains, what string, bound time.Duration, fn func
 		return r.v, r.err
 	case <-timer.C:
 	}
-	b.late.Add(1)
+	b.addLate(1)
 	go func() {
 		<-done
-		b.late.Add(-1)
+		b.addLate(-1)
 	}()
 	return zero, fmt.Errorf("libvirt %s: libvirtd did not answer within %v: %w", what, bound, context.DeadlineExceeded)
+}
+
+// lateCalls is the number of late calls and a channel closed when there
+// are none left.
+func (b *boundedDomains) lateCalls() (n int, answered <-chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.late, b.answered
+}
+
+func (b *boundedDomains) addLate(d int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.late += d
+	switch {
+	case b.late == d && d > 0:
+		b.answered = make(chan struct{})
+	case b.late == 0:
+		close(b.answered)
+		b.answered = nil
+	}
+}
+
+// waitAnswering waits up to wait for libvirtd to answer the late calls;
+// it reports whether it did (at once when none is late).
+func (b *boundedDomains) waitAnswering(wait time.Duration) bool {
+	n, answered := b.lateCalls()
+	if n == 0 {
+		return true
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-answered:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // boundedErr is bounded for a call that returns only an error.

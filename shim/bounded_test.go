@@ -56,8 +56,19 @@ func TestBoundedDomainsHungLibvirtd(t *testing.T) {
 			t.Fatalf("stats while a call is late: %v, want Unavailable", err)
 		}
 
+		// A release waits for the late call, up to its wait.
+		start = time.Now()
+		if b.waitAnswering(time.Second) || time.Since(start) != time.Second {
+			t.Fatalf("waitAnswering returned true, or after %v, with libvirtd still hung", time.Since(start))
+		}
+		released := make(chan bool)
+		go func() { released <- b.waitAnswering(changeBound) }()
+		time.Sleep(5 * time.Second)
 		close(hung.resumed) // SIGCONT
-		synctest.Wait()     // the late call returns
+		if !<-released || time.Since(start) != time.Second+5*time.Second {
+			t.Fatalf("waitAnswering did not end when libvirtd answered (%v)", time.Since(start))
+		}
+		synctest.Wait() // the late call returns
 		if st, err := b.State("d"); err != nil || !st.Running {
 			t.Fatalf("state after libvirtd answered again: %+v, %v", st, err)
 		}

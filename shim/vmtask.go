@@ -364,6 +364,10 @@ func removeFDSocket(rec *taskRecord) error {
 // only touched while it still belongs to this container: a restarted
 // container of the same pod reuses the name.
 func releaseVM(ctx context.Context, conn domains, rec *taskRecord, bundle string) error {
+	if b, ok := conn.(*boundedDomains); ok && !b.waitAnswering(changeBound) {
+		// Each call below fails at once; the record stays for a retry.
+		log.G(ctx).WithField("vm", rec.Domain).Warnf("libvirtd has not answered for %v: releasing the VM fails", changeBound)
+	}
 	var errs []error
 	successor := false // the domain's name is a newer container's now
 	if rec.Domain != "" {
