@@ -33,6 +33,13 @@ type checkResult struct {
 	name, note string
 }
 
+// checkList collects the results of `check` in the order they print.
+type checkList []checkResult
+
+func (c *checkList) add(l checkLevel, name, format string, a ...any) {
+	*c = append(*c, checkResult{l, name, fmt.Sprintf(format, a...)})
+}
+
 // Check is the `check` subcommand: it prints what the host has and lacks
 // for running VM tasks and returns 1 when a hard requirement is missing.
 func Check(ctx context.Context, w io.Writer, args []string) int {
@@ -43,106 +50,136 @@ func Check(ctx context.Context, w io.Writer, args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	var results []checkResult
-	add := func(l checkLevel, name, format string, a ...any) {
-		results = append(results, checkResult{l, name, fmt.Sprintf(format, a...)})
-	}
-
+	var c checkList
 	cfg, err := LoadConfig(*cfgPath)
 	if err != nil {
-		add(checkFail, "config", "%v", err)
+		c.add(checkFail, "config", "%v", err)
 		cfg = DefaultConfig()
 	} else {
-		add(checkOK, "config", "accel=%s state_dir=%s machine=%s", cfg.Accel, cfg.StateDir, cfg.Machine)
+		c.add(checkOK, "config", "accel=%s state_dir=%s machine=%s", cfg.Accel, cfg.StateDir, cfg.Machine)
 	}
 
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	c.checkLibvirt(ctx, cfg)
+	c.checkTools(ctx, cfg)
+	c.checkNetwork(cfg)
+	l, note := checkCgroups()
+	c.add(l, "cgroups", "%s", note)
+	c.add(checkOK, "overhead", "%s", overheadNote())
+	numaReport := c.checkNUMA(cfg)
+	ids, inUse := checkIdentityRange(cfg)
+	c = append(c, confinementChecks(readConfineHost(), ids, inUse)...)
+	c.checkStateDir(cfg)
+	c.checkContainerd(*ctrdCfg)
+	return c.print(w, numaReport)
+}
+
+// checkLibvirt reports whether libvirtd answers and how KVM acceleration
+// stands.
+func (c *checkList) checkLibvirt(ctx context.Context, cfg Config) {
 	if conn, err := vm.Connect(ctx, cfg.LibvirtSocket); err != nil {
-		add(checkFail, "libvirt", "%v", err)
+		c.add(checkFail, "libvirt", "%v", err)
 	} else {
 		v, err := conn.Version()
 		conn.Close()
 		if err != nil {
-			add(checkFail, "libvirt", "%v", err)
+			c.add(checkFail, "libvirt", "%v", err)
 		} else {
-			add(checkOK, "libvirt", "libvirtd %s at %s", v, cfg.LibvirtSocket)
+			c.add(checkOK, "libvirt", "libvirtd %s at %s", v, cfg.LibvirtSocket)
 		}
 	}
 
 	kvm := vm.DetectKVM()
 	switch accel, warning, err := vm.ChooseAccel(cfg.Accel, kvm); {
 	case err != nil:
-		add(checkFail, "acceleration", "%v", err)
+		c.add(checkFail, "acceleration", "%v", err)
 	case warning != "":
-		add(checkWarn, "acceleration", "%s", warning)
+		c.add(checkWarn, "acceleration", "%s", warning)
 	default:
-		add(checkOK, "acceleration", "%s (%s)", accel, kvm.Reason)
+		c.add(checkOK, "acceleration", "%s (%s)", accel, kvm.Reason)
 	}
+}
 
+// checkTools reports the versions of QEMU, qemu-img and virtiofsd.
+func (c *checkList) checkTools(ctx context.Context, cfg Config) {
 	for _, tool := range []struct{ name, path string }{{"qemu", cfg.QEMUBinary}, {"qemu-img", cfg.QEMUImg}} {
 		out, err := exec.CommandContext(ctx, tool.path, "--version").Output()
 		if err != nil {
-			add(checkFail, tool.name, "%s: %v", tool.path, err)
+			c.add(checkFail, tool.name, "%s: %v", tool.path, err)
 			continue
 		}
-		add(checkOK, tool.name, "%s", strings.SplitN(strings.TrimSpace(string(out)), "\n", 2)[0])
+		c.add(checkOK, tool.name, "%s", strings.SplitN(strings.TrimSpace(string(out)), "\n", 2)[0])
 	}
 
 	if out, err := exec.CommandContext(ctx, cfg.Virtiofsd, "--version").Output(); err != nil {
-		add(checkWarn, "virtiofsd", "%s: %v (pods with shared volumes will fail)", cfg.Virtiofsd, err)
+		c.add(checkWarn, "virtiofsd", "%s: %v (pods with shared volumes will fail)", cfg.Virtiofsd, err)
 	} else {
-		add(checkOK, "virtiofsd", "%s", strings.SplitN(strings.TrimSpace(string(out)), "\n", 2)[0])
+		c.add(checkOK, "virtiofsd", "%s", strings.SplitN(strings.TrimSpace(string(out)), "\n", 2)[0])
 	}
+}
 
+// checkNetwork reports the TAP and vhost-net features and the emulator
+// wrapper that hands their descriptors to QEMU.
+func (c *checkList) checkNetwork(cfg Config) {
 	if vnetHdr, mq, err := netfd.Features(); err != nil {
-		add(checkFail, "tun", "/dev/net/tun: %v (needed for pod networking)", err)
+		c.add(checkFail, "tun", "/dev/net/tun: %v (needed for pod networking)", err)
 	} else if !vnetHdr || !mq {
-		add(checkWarn, "tun", "/dev/net/tun lacks IFF_VNET_HDR (%v) or IFF_MULTI_QUEUE (%v)", vnetHdr, mq)
+		c.add(checkWarn, "tun", "/dev/net/tun lacks IFF_VNET_HDR (%v) or IFF_MULTI_QUEUE (%v)", vnetHdr, mq)
 	} else {
-		add(checkOK, "tun", "/dev/net/tun with IFF_VNET_HDR and IFF_MULTI_QUEUE")
+		c.add(checkOK, "tun", "/dev/net/tun with IFF_VNET_HDR and IFF_MULTI_QUEUE")
 	}
 	if ok, why := netfd.VhostAvailable(); ok {
-		add(checkOK, "vhost-net", "%s opens (used by KVM guests)", netfd.VhostNetPath)
+		c.add(checkOK, "vhost-net", "%s opens (used by KVM guests)", netfd.VhostNetPath)
 	} else {
-		add(checkWarn, "vhost-net", "%s; KVM guests fall back to userspace virtio-net (try modprobe vhost_net)", why)
+		c.add(checkWarn, "vhost-net", "%s; KVM guests fall back to userspace virtio-net (try modprobe vhost_net)", why)
 	}
 	if _, err := os.Stat(cfg.QEMUWrapper); err != nil {
-		add(checkFail, "wrapper", "qemu_wrapper %v (make install puts it there)", err)
+		c.add(checkFail, "wrapper", "qemu_wrapper %v (make install puts it there)", err)
 	} else {
-		add(checkOK, "wrapper", "%s", cfg.QEMUWrapper)
+		c.add(checkOK, "wrapper", "%s", cfg.QEMUWrapper)
 	}
+}
 
-	l, note := checkCgroups()
-	add(l, "cgroups", "%s", note)
-	add(checkOK, "overhead", "%s", overheadNote())
-
+// checkNUMA reports the NUMA store and returns the topology and
+// reservations report printed after the table ("" when unreadable).
+func (c *checkList) checkNUMA(cfg Config) string {
 	var numaReport strings.Builder
 	if store, err := openNUMA(cfg); err != nil {
-		add(checkFail, "numa", "%v", err)
+		c.add(checkFail, "numa", "%v", err)
 	} else if ps, err := store.Snapshot(); err != nil {
-		add(checkWarn, "numa", "read reservations: %v", err)
+		c.add(checkWarn, "numa", "read reservations: %v", err)
 	} else {
-		add(checkOK, "numa", "%d node(s), %d VM(s) placed (%s)", len(store.Topology().Nodes), len(ps), cfg.NUMAStateFile)
+		c.add(checkOK, "numa", "%d node(s), %d VM(s) placed (%s)", len(store.Topology().Nodes), len(ps), cfg.NUMAStateFile)
 		_ = numa.Describe(&numaReport, store.Topology(), store.Policy(), ps)
 	}
+	return numaReport.String()
+}
 
-	var ids *hostid.Range
+// checkIdentityRange returns the per-VM identity range (nil: off or
+// unparsable, which the config check reports) and how many of its ids
+// are allocated.
+func checkIdentityRange(cfg Config) (*hostid.Range, int) {
+	if cfg.VMIDRange == "" {
+		return nil, 0
+	}
+	r, err := hostid.ParseRange(cfg.VMIDRange)
+	if err != nil {
+		return nil, 0
+	}
 	inUse := 0
-	if cfg.VMIDRange != "" {
-		if r, err := hostid.ParseRange(cfg.VMIDRange); err == nil {
-			ids = &r
-			if store, err := hostid.OpenStore(cfg.VMIDStateFile, r); err == nil {
-				if snap, err := store.Snapshot(); err == nil {
-					inUse = len(snap)
-				}
-			}
+	if store, err := hostid.OpenStore(cfg.VMIDStateFile, r); err == nil {
+		if snap, err := store.Snapshot(); err == nil {
+			inUse = len(snap)
 		}
 	}
-	results = append(results, confinementChecks(readConfineHost(), ids, inUse)...)
+	return &r, inUse
+}
 
-	// The shim creates the state dir; what must already hold is that QEMU
-	// can reach it through its existing ancestors.
+// checkStateDir reports whether QEMU can reach the state dir. The shim
+// creates the state dir; what must already hold is that QEMU can reach it
+// through its existing ancestors.
+func (c *checkList) checkStateDir(cfg Config) {
 	existing := cfg.StateDir
 	for {
 		if _, err := os.Stat(existing); err == nil || existing == "/" {
@@ -151,30 +188,37 @@ func Check(ctx context.Context, w io.Writer, args []string) int {
 		existing = filepath.Dir(existing)
 	}
 	if err := checkSearchable(existing); err != nil {
-		add(checkFail, "state dir", "%v", err)
+		c.add(checkFail, "state dir", "%v", err)
 	} else {
-		add(checkOK, "state dir", "%s", cfg.StateDir)
+		c.add(checkOK, "state dir", "%s", cfg.StateDir)
 	}
+}
 
-	if found, err := runtimeRegistered(*ctrdCfg); err != nil {
-		add(checkWarn, "containerd", "%v", err)
+// checkContainerd reports whether containerd's config declares the runtime.
+func (c *checkList) checkContainerd(ctrdCfg string) {
+	if found, err := runtimeRegistered(ctrdCfg); err != nil {
+		c.add(checkWarn, "containerd", "%v", err)
 	} else if !found {
-		add(checkWarn, "containerd", "%s declares no runtime with runtime_type = %q (see docs/install.md)", *ctrdCfg, RuntimeName)
+		c.add(checkWarn, "containerd", "%s declares no runtime with runtime_type = %q (see docs/install.md)", ctrdCfg, RuntimeName)
 	} else {
-		add(checkOK, "containerd", "%s declares runtime_type %q", *ctrdCfg, RuntimeName)
+		c.add(checkOK, "containerd", "%s declares runtime_type %q", ctrdCfg, RuntimeName)
 	}
+}
 
+// print writes the results as a table, then the NUMA report, and returns
+// check's exit status: 1 when any result failed.
+func (c checkList) print(w io.Writer, numaReport string) int {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	code := 0
-	for _, r := range results {
+	for _, r := range c {
 		fmt.Fprintf(tw, "%s\t%s\t%s\n", r.level, r.name, r.note)
 		if r.level == checkFail {
 			code = 1
 		}
 	}
 	tw.Flush()
-	if numaReport.Len() > 0 {
-		fmt.Fprintf(w, "\nNUMA topology and reservations:\n%s", numaReport.String())
+	if numaReport != "" {
+		fmt.Fprintf(w, "\nNUMA topology and reservations:\n%s", numaReport)
 	}
 	return code
 }
