@@ -1,4 +1,4 @@
-package shim
+package check
 
 import (
 	"bufio"
@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/hostid"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/shim"
 )
 
 // What `check` reports of QEMU's confinement: libvirt's settings in
@@ -36,7 +37,7 @@ func readConfineHost() confineHost {
 	}
 	h.passwd, _ = os.ReadFile("/etc/passwd")
 	h.group, _ = os.ReadFile("/etc/group")
-	for _, d := range libvirtDomainDirs {
+	for _, d := range shim.LibvirtDomainDirs {
 		if fi, err := os.Stat(d); err == nil {
 			h.domainDirs[d] = fi.Mode().Perm()
 		}
@@ -131,7 +132,7 @@ func (c *checkList) checkIdentities(h confineHost, ids *hostid.Range, inUse int)
 		c.add(checkOK, "identities",
 			"each VM's QEMU runs under its own uid:gid from %s (%d ids, %d in use); VM files are that uid's alone", ids, ids.Size(), inUse)
 	}
-	for _, d := range libvirtDomainDirs {
+	for _, d := range shim.LibvirtDomainDirs {
 		if m, ok := h.domainDirs[d]; ok && m&0o001 == 0 {
 			c.add(checkWarn, "identities",
 				"%s is %#o: a QEMU under its own uid cannot reach its domain dir (the shim gives it o+x when it starts; "+

@@ -1,4 +1,4 @@
-package shim
+package check
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"github.com/kvm-shim/containerd-shim-kvm-v1/hostid"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/shim"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
 
@@ -40,21 +41,21 @@ func (c *checkList) add(l checkLevel, name, format string, a ...any) {
 	*c = append(*c, checkResult{l, name, fmt.Sprintf(format, a...)})
 }
 
-// Check is the `check` subcommand: it prints what the host has and lacks
+// Run is the `check` subcommand: it prints what the host has and lacks
 // for running VM tasks and returns 1 when a hard requirement is missing.
-func Check(ctx context.Context, w io.Writer, args []string) int {
+func Run(ctx context.Context, w io.Writer, args []string) int {
 	fs := flag.NewFlagSet("check", flag.ContinueOnError)
 	fs.SetOutput(w)
-	cfgPath := fs.String("config", "", "shim config file (default "+DefaultConfigPath+")")
+	cfgPath := fs.String("config", "", "shim config file (default "+shim.DefaultConfigPath+")")
 	ctrdCfg := fs.String("containerd-config", "/etc/containerd/config.toml", "containerd config to look for the runtime in")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	var c checkList
-	cfg, err := LoadConfig(*cfgPath)
+	cfg, err := shim.LoadConfig(*cfgPath)
 	if err != nil {
 		c.add(checkFail, "config", "%v", err)
-		cfg = DefaultConfig()
+		cfg = shim.DefaultConfig()
 	} else {
 		c.add(checkOK, "config", "accel=%s state_dir=%s machine=%s", cfg.Accel, cfg.StateDir, cfg.Machine)
 	}
@@ -77,7 +78,7 @@ func Check(ctx context.Context, w io.Writer, args []string) int {
 
 // checkLibvirt reports whether libvirtd answers and how KVM acceleration
 // stands.
-func (c *checkList) checkLibvirt(ctx context.Context, cfg Config) {
+func (c *checkList) checkLibvirt(ctx context.Context, cfg shim.Config) {
 	if conn, err := vm.Connect(ctx, cfg.LibvirtSocket); err != nil {
 		c.add(checkFail, "libvirt", "%v", err)
 	} else {
@@ -102,7 +103,7 @@ func (c *checkList) checkLibvirt(ctx context.Context, cfg Config) {
 }
 
 // checkTools reports the versions of QEMU, qemu-img and virtiofsd.
-func (c *checkList) checkTools(ctx context.Context, cfg Config) {
+func (c *checkList) checkTools(ctx context.Context, cfg shim.Config) {
 	for _, tool := range []struct{ name, path string }{{"qemu", cfg.QEMUBinary}, {"qemu-img", cfg.QEMUImg}} {
 		out, err := exec.CommandContext(ctx, tool.path, "--version").Output()
 		if err != nil {
@@ -121,7 +122,7 @@ func (c *checkList) checkTools(ctx context.Context, cfg Config) {
 
 // checkNetwork reports the TAP and vhost-net features and the emulator
 // wrapper that hands their descriptors to QEMU.
-func (c *checkList) checkNetwork(cfg Config) {
+func (c *checkList) checkNetwork(cfg shim.Config) {
 	if vnetHdr, mq, err := netfd.Features(); err != nil {
 		c.add(checkFail, "tun", "/dev/net/tun: %v (needed for pod networking)", err)
 	} else if !vnetHdr || !mq {
@@ -143,9 +144,9 @@ func (c *checkList) checkNetwork(cfg Config) {
 
 // checkNUMA reports the NUMA store and returns the topology and
 // reservations report printed after the table ("" when unreadable).
-func (c *checkList) checkNUMA(cfg Config) string {
+func (c *checkList) checkNUMA(cfg shim.Config) string {
 	var numaReport strings.Builder
-	if store, err := openNUMA(cfg); err != nil {
+	if store, err := shim.OpenNUMA(cfg); err != nil {
 		c.add(checkFail, "numa", "%v", err)
 	} else if ps, err := store.Snapshot(); err != nil {
 		c.add(checkWarn, "numa", "read reservations: %v", err)
@@ -159,7 +160,7 @@ func (c *checkList) checkNUMA(cfg Config) string {
 // checkIdentityRange returns the per-VM identity range (nil: off or
 // unparsable, which the config check reports) and how many of its ids
 // are allocated.
-func checkIdentityRange(cfg Config) (*hostid.Range, int) {
+func checkIdentityRange(cfg shim.Config) (*hostid.Range, int) {
 	if cfg.VMIDRange == "" {
 		return nil, 0
 	}
@@ -179,7 +180,7 @@ func checkIdentityRange(cfg Config) (*hostid.Range, int) {
 // checkStateDir reports whether QEMU can reach the state dir. The shim
 // creates the state dir; what must already hold is that QEMU can reach it
 // through its existing ancestors.
-func (c *checkList) checkStateDir(cfg Config) {
+func (c *checkList) checkStateDir(cfg shim.Config) {
 	existing := cfg.StateDir
 	for {
 		if _, err := os.Stat(existing); err == nil || existing == "/" {
@@ -187,7 +188,7 @@ func (c *checkList) checkStateDir(cfg Config) {
 		}
 		existing = filepath.Dir(existing)
 	}
-	if err := checkSearchable(existing); err != nil {
+	if err := shim.CheckSearchable(existing); err != nil {
 		c.add(checkFail, "state dir", "%v", err)
 	} else {
 		c.add(checkOK, "state dir", "%s", cfg.StateDir)
@@ -199,9 +200,9 @@ func (c *checkList) checkContainerd(ctrdCfg string) {
 	if found, err := runtimeRegistered(ctrdCfg); err != nil {
 		c.add(checkWarn, "containerd", "%v", err)
 	} else if !found {
-		c.add(checkWarn, "containerd", "%s declares no runtime with runtime_type = %q (see docs/install.md)", ctrdCfg, RuntimeName)
+		c.add(checkWarn, "containerd", "%s declares no runtime with runtime_type = %q (see docs/install.md)", ctrdCfg, shim.RuntimeName)
 	} else {
-		c.add(checkOK, "containerd", "%s declares runtime_type %q", ctrdCfg, RuntimeName)
+		c.add(checkOK, "containerd", "%s declares runtime_type %q", ctrdCfg, shim.RuntimeName)
 	}
 }
 
@@ -280,7 +281,7 @@ func hasRuntimeType(v any) bool {
 	if !ok {
 		return false
 	}
-	if m["runtime_type"] == RuntimeName {
+	if m["runtime_type"] == shim.RuntimeName {
 		return true
 	}
 	for _, child := range m {
@@ -289,4 +290,11 @@ func hasRuntimeType(v any) bool {
 		}
 	}
 	return false
+}
+
+// overheadNote is `check`'s line on the overhead to declare.
+func overheadNote() string {
+	return fmt.Sprintf("declare RuntimeClass overhead.podFixed memory: %dMi "+
+		"(measured under TCG with all guest RAM touched; see docs/resources.md)",
+		shim.PodFixedOverheadMiB)
 }
