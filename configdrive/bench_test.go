@@ -24,7 +24,7 @@ func benchmarkBuild(b *testing.B, f Format) {
 	out := filepath.Join(dir, "drive.img")
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if err := Build(context.Background(), dir, out, inst, network, opts); err != nil {
+		if err := (Drive{Dir: dir, Out: out, Instance: inst, Network: network, Options: opts}).Build(context.Background()); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -71,7 +71,7 @@ func TestBuildLatency(t *testing.T) {
 			d := make([]time.Duration, 0, n)
 			for i := 0; i < n; i++ {
 				start := time.Now()
-				if err := Build(context.Background(), dir, out, inst, network, opts); err != nil {
+				if err := (Drive{Dir: dir, Out: out, Instance: inst, Network: network, Options: opts}).Build(context.Background()); err != nil {
 					t.Fatal(err)
 				}
 				d = append(d, time.Since(start))

@@ -76,18 +76,38 @@ func render(inst Instance, network *Network, opts Options, seed []byte) ([]file,
 	return files, nil
 }
 
-// Build writes the config drive image for inst to out, replacing it
-// atomically (a temporary file next to out, then rename; out's directory
-// must exist). dir is scratch space for the file tree (a temporary
-// directory is made in it and removed). network may be nil (no network
-// configuration). opts.Disabled is not looked at: the caller skips Build.
+// Drive is one config drive image to build: Instance's drive, with
+// Network's configuration (nil: none) and Options, written to Out. Dir is
+// scratch space for the file tree (a temporary directory is made in it
+// and removed).
+type Drive struct {
+	Dir, Out string
+	Instance Instance
+	Network  *Network
+	Options  Options
+}
+
+// Build writes the config drive image for inst to out: it is
+// Drive{dir, out, inst, network, opts}.Build(ctx), kept for the callers
+// that pass the parts one by one.
 //
-// Build validates opts (Options.Validate) and inst (a uuid is required),
-// then runs mkfs.vfat and mcopy (FormatVFAT) or genisoimage / xorriso
-// (FormatISO9660). Bad input wraps errdefs.ErrInvalidArgument; a missing
-// tool wraps errdefs.ErrNotFound.
-func Build(ctx context.Context, dir, out string, inst Instance, network *Network, opts Options) (retErr error) {
-	format, err := ParseFormat(string(opts.Format))
+// The shim's Create still calls it; once that call builds a Drive, this
+// function goes, and with it the last exception to the house limit of
+// five parameters outside shim/ (hack/funcsize).
+func Build(ctx context.Context, dir, out string, inst Instance, network *Network, opts Options) error {
+	return Drive{Dir: dir, Out: out, Instance: inst, Network: network, Options: opts}.Build(ctx)
+}
+
+// Build writes the config drive image to d.Out, replacing it atomically (a
+// temporary file next to Out, then rename; Out's directory must exist).
+// Options.Disabled is not looked at: the caller skips Build.
+//
+// Build validates d.Options (Options.Validate) and d.Instance (a uuid is
+// required), then runs mkfs.vfat and mcopy (FormatVFAT) or genisoimage /
+// xorriso (FormatISO9660). Bad input wraps errdefs.ErrInvalidArgument; a
+// missing tool wraps errdefs.ErrNotFound.
+func (d Drive) Build(ctx context.Context) (retErr error) {
+	format, err := ParseFormat(string(d.Options.Format))
 	if err != nil {
 		return err
 	}
@@ -95,15 +115,17 @@ func Build(ctx context.Context, dir, out string, inst Instance, network *Network
 	if _, err = rand.Read(seed); err != nil {
 		return fmt.Errorf("random seed: %w", err)
 	}
-	files, err := render(inst, network, opts, seed)
+	files, err := render(d.Instance, d.Network, d.Options, seed)
 	if err != nil {
 		return err
 	}
 
-	if dir, err = filepath.Abs(dir); err != nil {
+	dir, err := filepath.Abs(d.Dir)
+	if err != nil {
 		return err
 	}
-	if out, err = filepath.Abs(out); err != nil {
+	out, err := filepath.Abs(d.Out)
+	if err != nil {
 		return err
 	}
 	stage, err := os.MkdirTemp(dir, "configdrive-")
@@ -112,26 +134,56 @@ func Build(ctx context.Context, dir, out string, inst Instance, network *Network
 	}
 	defer os.RemoveAll(stage)
 	tree := filepath.Join(stage, "root")
-	for _, f := range files {
-		p := filepath.Join(tree, filepath.FromSlash(f.path))
-		if mkdirAllErr := os.MkdirAll(filepath.Dir(p), 0o755); mkdirAllErr != nil {
-			return mkdirAllErr
-		}
-		if writeFileErr := os.WriteFile(p, f.data, 0o644); writeFileErr != nil {
-			return writeFileErr
-		}
+	if err = writeTree(tree, files); err != nil {
+		return err
 	}
 
-	tmp, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".tmp-")
+	tmpName, err := createImageFile(out, format)
 	if err != nil {
-		return fmt.Errorf("config drive image: %w", err)
+		return err
 	}
-	tmpName := tmp.Name()
 	defer func() {
 		if retErr != nil {
 			os.Remove(tmpName)
 		}
 	}()
+	job := mkfsJob{format: format, stage: stage, tree: tree, image: tmpName, uuid: d.Instance.UUID}
+	if err = job.run(ctx); err != nil {
+		return err
+	}
+	// Only root reads it until libvirt hands it to QEMU's user at start
+	// (dynamic ownership, which the VM's writable overlay needs too): it
+	// holds user-data, often passwords and keys.
+	if err = os.Chmod(tmpName, 0o600); err != nil {
+		return err
+	}
+	if err = os.Rename(tmpName, out); err != nil {
+		return fmt.Errorf("config drive image: %w", err)
+	}
+	return nil
+}
+
+// writeTree writes the drive's files below tree.
+func writeTree(tree string, files []file) error {
+	for _, f := range files {
+		p := filepath.Join(tree, filepath.FromSlash(f.path))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(p, f.data, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// createImageFile makes the temporary image file next to out, sized for
+// a vfat drive (sparse), and returns its name; on error it is gone.
+func createImageFile(out string, format Format) (string, error) {
+	tmp, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".tmp-")
+	if err != nil {
+		return "", fmt.Errorf("config drive image: %w", err)
+	}
 	if format == FormatVFAT {
 		err = tmp.Truncate(VFATSize)
 	}
@@ -139,27 +191,39 @@ func Build(ctx context.Context, dir, out string, inst Instance, network *Network
 		err = cerr
 	}
 	if err != nil {
-		return fmt.Errorf("config drive image: %w", err)
+		os.Remove(tmp.Name())
+		return "", fmt.Errorf("config drive image: %w", err)
 	}
+	return tmp.Name(), nil
+}
 
-	env := toolEnv(stage)
-	switch format {
+// mkfsJob makes the file system of one drive image from its tree.
+type mkfsJob struct {
+	format Format
+	stage  string // scratch dir, the tools' HOME
+	tree   string // the drive's files
+	image  string // the image file, made by createImageFile
+	uuid   string // the instance's, from which the vfat serial comes
+}
+
+// run formats the image and copies the tree into it.
+func (j mkfsJob) run(ctx context.Context) error {
+	env := toolEnv(j.stage)
+	switch j.format {
 	case FormatVFAT:
-		if err := run(ctx, env, "mkfs.vfat", "-n", Label, "-i", volumeID(inst.UUID), tmpName); err != nil {
+		if err := run(ctx, env, "mkfs.vfat", "-n", Label, "-i", volumeID(j.uuid), j.image); err != nil {
 			return err
 		}
 		// Every top-level directory (openstack/, and kvm/ with volumes).
-		tops, err := os.ReadDir(tree)
+		tops, err := os.ReadDir(j.tree)
 		if err != nil {
 			return err
 		}
-		args := []string{"-s", "-Q", "-i", tmpName}
+		args := []string{"-s", "-Q", "-i", j.image}
 		for _, e := range tops {
-			args = append(args, filepath.Join(tree, e.Name()))
+			args = append(args, filepath.Join(j.tree, e.Name()))
 		}
-		if err := run(ctx, env, "mcopy", append(args, "::/")...); err != nil {
-			return err
-		}
+		return run(ctx, env, "mcopy", append(args, "::/")...)
 	case FormatISO9660:
 		tool, args, err := isoTool()
 		if err != nil {
@@ -167,20 +231,9 @@ func Build(ctx context.Context, dir, out string, inst Instance, network *Network
 		}
 		// nova's options: Rock Ridge and Joliet, ISO names relaxed so the
 		// lower case, long and dotted names survive without them too.
-		args = append(args, "-o", tmpName, "-ldots", "-allow-lowercase", "-allow-multidot", "-l",
-			"-publisher", "containerd-shim-kvm-v1", "-quiet", "-J", "-r", "-V", Label, tree)
-		if err := run(ctx, env, tool, args...); err != nil {
-			return err
-		}
-	}
-	// Only root reads it until libvirt hands it to QEMU's user at start
-	// (dynamic ownership, which the VM's writable overlay needs too): it
-	// holds user-data, often passwords and keys.
-	if err := os.Chmod(tmpName, 0o600); err != nil {
-		return err
-	}
-	if err := os.Rename(tmpName, out); err != nil {
-		return fmt.Errorf("config drive image: %w", err)
+		args = append(args, "-o", j.image, "-ldots", "-allow-lowercase", "-allow-multidot", "-l",
+			"-publisher", "containerd-shim-kvm-v1", "-quiet", "-J", "-r", "-V", Label, j.tree)
+		return run(ctx, env, tool, args...)
 	}
 	return nil
 }

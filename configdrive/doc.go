@@ -62,7 +62,10 @@
 //			UUID: configdrive.StableUUID(podUID, containerName),
 //			Name: podName, AvailabilityZone: cfg.AvailabilityZone,
 //		}
-//		err = configdrive.Build(ctx, stateDir, filepath.Join(stateDir, "config-drive.img"), inst, nw, opts)
+//		err = configdrive.Drive{
+//			Dir: stateDir, Out: filepath.Join(stateDir, "config-drive.img"),
+//			Instance: inst, Network: nw, Options: opts,
+//		}.Build(ctx)
 //	}
 //
 // # Annotations

@@ -33,7 +33,8 @@ func buildTest(t *testing.T, f Format) string {
 	opts := testOptions(t)
 	opts.Format = f
 	out := filepath.Join(dir, "config-drive.img")
-	if err := Build(context.Background(), dir, out, testInstance(), testNetwork(t), opts); err != nil {
+	d := Drive{Dir: dir, Out: out, Instance: testInstance(), Network: testNetwork(t), Options: opts}
+	if err := d.Build(context.Background()); err != nil {
 		t.Fatalf("Build(%s): %v", f, err)
 	}
 	entries, _ := os.ReadDir(dir)
@@ -185,12 +186,12 @@ func TestBuildReplacesAtomically(t *testing.T) {
 	}
 	inst := testInstance()
 	// A failing build leaves the old image and no temporary file behind.
-	if err := Build(context.Background(), dir, out, Instance{}, nil, Options{}); err == nil {
+	if err := (Drive{Dir: dir, Out: out}).Build(context.Background()); err == nil {
 		t.Fatal("Build without uuid succeeded")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := Build(ctx, dir, out, inst, nil, Options{}); err == nil {
+	if err := (Drive{Dir: dir, Out: out, Instance: inst}).Build(ctx); err == nil {
 		t.Fatal("Build with a cancelled context succeeded")
 	}
 	if b, _ := os.ReadFile(out); string(b) != "old" {
@@ -200,6 +201,7 @@ func TestBuildReplacesAtomically(t *testing.T) {
 	if len(entries) != 1 {
 		t.Errorf("failed builds left files behind: %v", entries)
 	}
+	// Build, the parts one by one, builds the same Drive.
 	if err := Build(context.Background(), dir, out, inst, nil, Options{}); err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,8 @@
 //
 // The allocations of every shim of the node live in one JSON state file,
 // changed under an exclusive flock on path.lock, written to a temporary
-// file, fsynced and renamed over the state (as numa.Store does), so a
+// file, fsynced and renamed over the state (internal/nodestate, which
+// numa.Store uses too), so a
 // killed shim leaves the old state or the new one and loses its lock
 // with its descriptors. Each allocation records the process that made it
 // (pid and start time) until libvirt's domains vouch for it:

@@ -2,19 +2,15 @@ package hostid
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
+	"io"
 	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/containerd/errdefs"
-	"golang.org/x/sys/unix"
 
-	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/procfs"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/nodestate"
 )
 
 // Range is an inclusive range of host ids: each VM gets uid N and gid N
@@ -83,10 +79,9 @@ func (r Range) String() string { return fmt.Sprintf("%d-%d", r.First, r.Last) }
 // stateVersion is the format of the state file this package writes.
 const stateVersion = 1
 
-type holder struct {
-	Pid   int    `json:"pid"`
-	Start uint64 `json:"start"`
-}
+// holder is the process that allocated an id whose domain libvirt may
+// not know yet.
+type holder = nodestate.Holder
 
 type allocation struct {
 	Owner string `json:"owner"`
@@ -107,13 +102,14 @@ func (st *stateFile) find(owner string) int {
 	return slices.IndexFunc(st.Allocations, func(a allocation) bool { return a.Owner == owner })
 }
 
-// Store is the node's per-VM identities, shared by every shim process.
-// It holds no open file between calls; it is safe for concurrent use by
-// goroutines and processes.
+// Store is the node's per-VM identities, shared by every shim process
+// under nodestate's scheme (flock, rename, synced on a disk). It holds no
+// open file between calls; it is safe for concurrent use by goroutines
+// and processes.
 type Store struct {
-	path, lockPath, tmpPath string
-	r                       Range
-	self                    holder
+	file *nodestate.File
+	r    Range
+	self holder
 	// alive reports whether a holder still runs; tests replace it.
 	alive func(holder) bool
 }
@@ -124,14 +120,11 @@ func OpenStore(path string, r Range) (*Store, error) {
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}
-	self := holder{Pid: os.Getpid()}
-	start, err := procfs.StartTime(self.Pid)
+	self, err := nodestate.Self()
 	if err != nil {
 		return nil, fmt.Errorf("open id store: %w", err)
 	}
-	self.Start = start
-	return &Store{path: path, lockPath: path + ".lock", tmpPath: path + ".tmp", r: r, self: self,
-		alive: func(h holder) bool { return !procfs.Gone(h.Pid, h.Start) }}, nil
+	return &Store{file: nodestate.Open(path, "id"), r: r, self: self, alive: holder.Alive}, nil
 }
 
 // Range is the range the store hands ids out of.
@@ -254,83 +247,34 @@ func (s *Store) Snapshot() (map[string]uint32, error) {
 }
 
 func (s *Store) read() (*stateFile, error) {
-	b, err := os.ReadFile(s.path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return &stateFile{Version: stateVersion}, nil
+	st := &stateFile{Version: stateVersion}
+	if err := s.file.ReadJSON(st); err != nil {
+		return nil, err
 	}
-	if err != nil {
-		return nil, fmt.Errorf("read id state: %w", err)
-	}
-	var st stateFile
-	if err := json.Unmarshal(b, &st); err != nil {
-		return nil, fmt.Errorf("id state %s is corrupt (a shim start's reconcile rewrites it): %v: %w", s.path, err, errdefs.ErrDataLoss)
-	}
-	if st.Version > stateVersion {
-		return nil, fmt.Errorf("id state %s has format %d, newer than this shim's %d: %w", s.path, st.Version, stateVersion,
-			errdefs.ErrFailedPrecondition)
-	}
-	return &st, nil
+	return st, s.file.CheckVersion(st.Version, stateVersion)
 }
 
 // lockedDo holds the exclusive lock around reading the state, fn and,
 // when fn reports a change, writing it. With tolerateCorrupt a corrupt
 // state reaches fn as an empty one.
 func (s *Store) lockedDo(tolerateCorrupt bool, fn func(*stateFile) (bool, error)) error {
-	lock, err := os.OpenFile(s.lockPath, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return fmt.Errorf("open id lock: %w", err)
+	c := nodestate.Change[*stateFile]{Read: s.read, Decide: fn, Write: s.writeLocked}
+	if tolerateCorrupt {
+		c.Fresh = func() *stateFile { return &stateFile{} }
 	}
-	defer lock.Close() // closing the descriptor releases the lock
-	for {
-		err = unix.Flock(int(lock.Fd()), unix.LOCK_EX)
-		if !errors.Is(err, unix.EINTR) {
-			break
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("lock %s: %w", s.lockPath, err)
-	}
-	st, err := s.read()
-	if tolerateCorrupt && errors.Is(err, errdefs.ErrDataLoss) {
-		st, err = &stateFile{}, nil
-	}
-	if err != nil {
-		return err
-	}
-	changed, err := fn(st)
-	if err != nil || !changed {
-		return err
-	}
-	st.Version = stateVersion
-	return s.writeLocked(st)
+	return nodestate.Apply(s.file, c)
 }
 
+// writeLocked replaces the state file, the lock held: indented JSON, as
+// people read it.
 func (s *Store) writeLocked(st *stateFile) error {
+	st.Version = stateVersion
 	b, err := json.MarshalIndent(st, "", " ")
 	if err != nil {
 		return err
 	}
-	f, err := os.OpenFile(s.tmpPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return fmt.Errorf("write id state: %w", err)
-	}
-	_, err = f.Write(append(b, '\n'))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(s.tmpPath, s.path)
-	}
-	if err != nil {
-		_ = os.Remove(s.tmpPath)
-		return fmt.Errorf("write id state %s: %w", s.path, err)
-	}
-	if d, err := os.Open(filepath.Dir(s.path)); err == nil {
-		_ = d.Sync()
-		d.Close()
-	}
-	return nil
+	return s.file.Write(func(w io.Writer) error {
+		_, err := w.Write(append(b, '\n'))
+		return err
+	})
 }

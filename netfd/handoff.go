@@ -133,10 +133,31 @@ func WithPeerHook(hook func(pid int) error) ServeOption {
 	return func(s *Server) { s.onPeer = hook }
 }
 
-// Serve listens at SocketPath(dir, domain) until Close. It serves every
-// connection, so a restarted domain gets fresh descriptors.
+// ServerConfig is what a Server hands out and to whom.
+type ServerConfig struct {
+	Dir, Domain      string // the socket is SocketPath(Dir, Domain)
+	QEMUUID, QEMUGID int    // the socket's owner: the QEMU user of the domain
+	PIDDir           string // where libvirt writes the domain's QEMU pid
+	Provide          Provider
+}
+
+// Serve is ServerConfig{dir, domain, qemuUID, qemuGID, pidDir,
+// provide}.Serve(ctx, opts...), kept for the callers that pass the parts
+// one by one.
+//
+// The shim's network setup still calls it; once that call builds a
+// ServerConfig, this function goes, and with it an exception to the house
+// limit of five parameters outside shim/ (hack/funcsize).
 func Serve(ctx context.Context, dir, domain string, qemuUID, qemuGID int, pidDir string, provide Provider,
 	opts ...ServeOption) (*Server, error) {
+	c := ServerConfig{Dir: dir, Domain: domain, QEMUUID: qemuUID, QEMUGID: qemuGID, PIDDir: pidDir, Provide: provide}
+	return c.Serve(ctx, opts...)
+}
+
+// Serve listens at SocketPath(c.Dir, c.Domain) until Close. It serves
+// every connection, so a restarted domain gets fresh descriptors.
+func (c ServerConfig) Serve(ctx context.Context, opts ...ServeOption) (*Server, error) {
+	dir, domain, qemuUID, qemuGID := c.Dir, c.Domain, c.QEMUUID, c.QEMUGID
 	// The dirs are root's and only searchable by others: the QEMU user
 	// reaches its sockets by name but can neither list them nor remove or
 	// replace one (another VM's QEMU runs as the same user).
@@ -167,7 +188,7 @@ func Serve(ctx context.Context, dir, domain string, qemuUID, qemuGID int, pidDir
 		l.Close()
 		return nil, err
 	}
-	s := &Server{domain: domain, path: path, qemuUID: qemuUID, pidDir: pidDir, provide: provide, l: l}
+	s := &Server{domain: domain, path: path, qemuUID: qemuUID, pidDir: c.PIDDir, provide: c.Provide, l: l}
 	for _, o := range opts {
 		o(s)
 	}

@@ -88,7 +88,7 @@ func TestHandoff(t *testing.T) {
 	}
 	pidDir := t.TempDir()
 	pidFile := filepath.Join(pidDir, "dom1.pid")
-	s, err := Serve(context.Background(), dir, "dom1", 0, 0, pidDir, provide)
+	s, err := ServerConfig{Dir: dir, Domain: "dom1", PIDDir: pidDir, Provide: provide}.Serve(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

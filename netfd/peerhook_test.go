@@ -40,7 +40,7 @@ func TestHandoffPeerHook(t *testing.T) {
 		}
 		return nil
 	}
-	s, err := Serve(context.Background(), dir, "dom1", 0, 0, pidDir, provide, WithPeerHook(hook))
+	s, err := ServerConfig{Dir: dir, Domain: "dom1", PIDDir: pidDir, Provide: provide}.Serve(context.Background(), WithPeerHook(hook))
 	if err != nil {
 		t.Fatal(err)
 	}

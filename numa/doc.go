@@ -73,7 +73,8 @@
 //
 // Store keeps every placement in one JSON state file. Each change holds an
 // exclusive flock on path.lock while it reads the file, decides and
-// replaces it by write-temporary, fsync, rename, fsync directory; a killed
+// replaces it by write-temporary, fsync, rename, fsync directory (the
+// scheme of internal/nodestate, which hostid shares); a killed
 // process loses the lock with its descriptors and leaves the old or the
 // new file, never a torn one. The file carries per-node summaries and one
 // reservation per line, so a Reserve decodes the summaries and copies the

@@ -3,50 +3,36 @@ package numa
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
-	"os"
-	"path/filepath"
 	"slices"
 
 	"github.com/containerd/errdefs"
-	"golang.org/x/sys/unix"
 
-	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/atomicfile"
-	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/procfs"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/nodestate"
 )
 
 // stateVersion is the format of the state file this package writes.
 const stateVersion = 1
 
 // Store keeps the host's NUMA reservations in a state file shared by every
-// shim process on the node. Each change takes an exclusive flock on a
-// lock file beside it (path + ".lock", never replaced, so the lock and the
-// data cannot drift apart), reads the state, decides, writes path + ".tmp",
-// fsyncs it, renames it over path and fsyncs the directory. Readers
-// therefore see the old state or the new one, never a torn file, and a
-// process killed while holding the lock loses it with its file
-// descriptors. The file is one JSON document (jq reads it) laid out as a
-// header line with per-node summaries, then one reservation per line:
-// Reserve and Release decode the summaries and the one line they touch,
-// and copy the rest, so their cost hardly grows with the number of VMs.
-// A Store holds no open file between calls and is safe for concurrent use
-// by many goroutines and processes.
+// shim process on the node, under nodestate's scheme: an exclusive flock
+// around each change, writes through a temporary file renamed over the
+// state, synced on a disk. The file is one JSON document (jq reads it)
+// laid out as a header line with per-node summaries, then one reservation
+// per line: Reserve and Release decode the summaries and the one line
+// they touch, and copy the rest, so their cost hardly grows with the
+// number of VMs. A Store holds no open file between calls and is safe for
+// concurrent use by many goroutines and processes.
 type Store struct {
-	path, lockPath, tmpPath string
-	topo                    *Topology
-	policy                  Policy
+	file   *nodestate.File
+	topo   *Topology
+	policy Policy
 
 	// self identifies this process as the holder of what it reserves.
 	self holder
 	// alive reports whether a holder process still runs; tests replace it.
 	alive func(holder) bool
-	// volatile: the state file lives on a tmpfs (or ramfs), where fsync
-	// does nothing but cost system calls; rename alone keeps every reader
-	// seeing the old or the new file.
-	volatile bool
 	// writeHook, when a test sets it, runs at named points of a write:
 	// "tmp-partial" (half the temporary file written) and "before-rename".
 	// nil in every store the shim opens.
@@ -54,12 +40,8 @@ type Store struct {
 }
 
 // holder is the process that reserved a placement whose domain libvirt
-// may not know yet. Pid with its start time (clock ticks since boot,
-// /proc/<pid>/stat field 22) survives pid reuse.
-type holder struct {
-	Pid   int    `json:"pid"`
-	Start uint64 `json:"start"`
-}
+// may not know yet.
+type holder = nodestate.Holder
 
 // stateFile is the JSON document at the Store's path. The Store writes
 // it as a header line (everything up to the reservations array), one line
@@ -113,31 +95,17 @@ func OpenStore(path string, t *Topology, p Policy) (*Store, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	self := holder{Pid: os.Getpid()}
-	start, err := procfs.StartTime(self.Pid)
+	self, err := nodestate.Self()
 	if err != nil {
 		return nil, fmt.Errorf("open NUMA store: %w", err)
 	}
-	self.Start = start
 	return &Store{
-		path:     path,
-		lockPath: path + ".lock",
-		tmpPath:  path + ".tmp",
-		topo:     t,
-		policy:   p.WithDefaults(),
-		self:     self,
-		alive:    holderAlive,
-		volatile: inMemoryFS(filepath.Dir(path)),
+		file:   nodestate.Open(path, "NUMA"),
+		topo:   t,
+		policy: p.WithDefaults(),
+		self:   self,
+		alive:  holderAlive,
 	}, nil
-}
-
-// inMemoryFS reports whether dir is on a tmpfs or ramfs.
-func inMemoryFS(dir string) bool {
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return false
-	}
-	return st.Type == unix.TMPFS_MAGIC || st.Type == unix.RAMFS_MAGIC
 }
 
 // Reserve places the VM and records the placement, all under the lock so
@@ -314,113 +282,21 @@ func (s *Store) update(fn func(*rawState) (bool, error)) error {
 // when fn reports a change, writing it. With tolerateCorrupt a corrupt
 // state reaches fn as an empty one.
 func (s *Store) lockedDo(tolerateCorrupt bool, fn func(*rawState) (bool, error)) error {
-	lock, err := openFile(s.lockPath, unix.O_RDWR|unix.O_CREAT, 0o600)
-	if err != nil {
-		return fmt.Errorf("open NUMA lock: %w", err)
+	c := nodestate.Change[*rawState]{Read: s.readRaw, Decide: fn, Write: s.writeLocked}
+	if tolerateCorrupt {
+		c.Fresh = func() *rawState { return &rawState{} }
 	}
-	defer unix.Close(lock) // closing the last descriptor releases the lock
-	if err = retryEINTR(func() error { return unix.Flock(lock, unix.LOCK_EX) }); err != nil {
-		return fmt.Errorf("lock %s: %w", s.lockPath, err)
-	}
-	st, err := s.readRaw()
-	if tolerateCorrupt && errors.Is(err, errdefs.ErrDataLoss) {
-		st, err = &rawState{}, nil
-	}
-	if err != nil {
-		return err
-	}
-	changed, err := fn(st)
-	if err != nil || !changed {
-		return err
-	}
-	st.header.Version = stateVersion
-	st.header.Generation++
-	return s.writeLocked(st)
-}
-
-// The Store's I/O uses raw descriptors: an os.File costs more than the
-// system calls themselves here (poller registration, finalizer), and a
-// Reserve opens four files.
-
-func retryEINTR(f func() error) error {
-	for {
-		if err := f(); !errors.Is(err, unix.EINTR) {
-			return err
-		}
-	}
-}
-
-// openFile opens path with O_CLOEXEC; errors are *fs.PathError.
-func openFile(path string, flags int, mode uint32) (int, error) {
-	var fd int
-	err := retryEINTR(func() (err error) {
-		fd, err = unix.Open(path, flags|unix.O_CLOEXEC, mode)
-		return err
-	})
-	if err != nil {
-		return -1, &fs.PathError{Op: "open", Path: path, Err: err}
-	}
-	return fd, nil
-}
-
-// readFile returns the state file's bytes, nil when there is none.
-func (s *Store) readFile() ([]byte, error) {
-	fd, err := openFile(s.path, unix.O_RDONLY, 0)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read NUMA state: %w", err)
-	}
-	defer unix.Close(fd)
-	size := 4 << 10
-	var st unix.Stat_t
-	if unix.Fstat(fd, &st) == nil && st.Size > 0 {
-		size = int(st.Size) + 1 // room to read the end of file at once
-	}
-	b := make([]byte, 0, size)
-	for {
-		if len(b) == cap(b) {
-			b = slices.Grow(b, cap(b))
-		}
-		var n int
-		err := retryEINTR(func() (err error) {
-			n, err = unix.Read(fd, b[len(b):cap(b)])
-			return err
-		})
-		if err != nil {
-			return nil, fmt.Errorf("read NUMA state %s: %w", s.path, err)
-		}
-		if n == 0 {
-			return b, nil
-		}
-		b = b[:len(b)+n]
-	}
-}
-
-func (s *Store) corrupt(detail any) error {
-	return fmt.Errorf("NUMA state %s is corrupt (a shim start's Reconcile rewrites it): %v: %w", s.path, detail, errdefs.ErrDataLoss)
-}
-
-func (s *Store) checkVersion(v int) error {
-	if v > stateVersion {
-		return fmt.Errorf("NUMA state %s has format %d, newer than this shim's %d: %w", s.path, v, stateVersion, errdefs.ErrFailedPrecondition)
-	}
-	return nil
+	return nodestate.Apply(s.file, c)
 }
 
 // readFull decodes the whole state file; a missing file is an empty
 // state. A file that does not parse wraps errdefs.ErrDataLoss.
 func (s *Store) readFull() (*stateFile, error) {
-	b, err := s.readFile()
-	if err != nil || b == nil {
-		return &stateFile{Version: stateVersion}, err
+	st := &stateFile{Version: stateVersion}
+	if err := s.file.ReadJSON(st); err != nil {
+		return nil, err
 	}
-	var st stateFile
-	if err := json.Unmarshal(b, &st); err != nil {
-		return nil, s.corrupt(err)
-	}
-	return &st, s.checkVersion(st.Version)
+	return st, s.file.CheckVersion(st.Version, stateVersion)
 }
 
 // readRaw reads the state file for an update: it decodes the header line
@@ -428,7 +304,7 @@ func (s *Store) readFull() (*stateFile, error) {
 // Store writes it (edited by hand) is decoded whole, and its summaries
 // recomputed.
 func (s *Store) readRaw() (*rawState, error) {
-	b, err := s.readFile()
+	b, err := s.file.Read()
 	if err != nil || b == nil {
 		return &rawState{header: stateHeader{Version: stateVersion}}, err
 	}
@@ -436,9 +312,9 @@ func (s *Store) readRaw() (*rawState, error) {
 	head, rest, _ := bytes.Cut(b, []byte{'\n'})
 	if h, ok := bytes.CutSuffix(head, []byte(reservationsKey)); ok {
 		if err = json.Unmarshal(append(h, '}'), &st.header); err != nil {
-			return nil, s.corrupt(err)
+			return nil, s.file.Corrupt(err)
 		}
-		if err = s.checkVersion(st.header.Version); err != nil {
+		if err = s.file.CheckVersion(st.header.Version, stateVersion); err != nil {
 			return nil, err
 		}
 		for {
@@ -447,7 +323,7 @@ func (s *Store) readRaw() (*rawState, error) {
 				return st, nil
 			}
 			if !found || len(line) == 0 {
-				return nil, s.corrupt("no closing line")
+				return nil, s.file.Corrupt("no closing line")
 			}
 			st.lines = append(st.lines, bytes.TrimSuffix(line, []byte{','}))
 			rest = after
@@ -471,10 +347,11 @@ func (s *Store) readRaw() (*rawState, error) {
 	return st, nil
 }
 
-// writeLocked replaces the state file atomically. The caller holds the
-// lock, so one fixed temporary name serves; a leftover from a killed
-// writer is truncated.
+// writeLocked replaces the state file atomically, the lock held, with
+// the next generation of st.
 func (s *Store) writeLocked(st *rawState) error {
+	st.header.Version = stateVersion
+	st.header.Generation++
 	if st.header.Nodes == nil {
 		st.header.Nodes = []nodeSummary{}
 	}
@@ -497,15 +374,7 @@ func (s *Store) writeLocked(st *rawState) error {
 	}
 	b = append(b, closingLine+"\n"...)
 
-	// Durable (data and directory synced) on a disk: a reservation that
-	// a power loss undid would let two VMs share a node's CPUs after the
-	// reboot. On a tmpfs there is nothing to sync, and nothing survives
-	// a power loss anyway.
-	dur := atomicfile.SyncAll
-	if s.volatile {
-		dur = atomicfile.NoSync
-	}
-	err = atomicfile.Write(s.path, atomicfile.Options{Perm: 0o600, Durability: dur, Temp: s.tmpPath}, func(w io.Writer) error {
+	return s.file.Write(func(w io.Writer) error {
 		if s.writeHook != nil {
 			half := len(b) / 2
 			if _, werr := w.Write(b[:half]); werr != nil {
@@ -522,10 +391,6 @@ func (s *Store) writeLocked(st *rawState) error {
 		}
 		return nil
 	})
-	if err != nil {
-		return fmt.Errorf("NUMA state: %w", err)
-	}
-	return nil
 }
 
 // find returns the index of the owner's line, or -1. Each line starts
@@ -549,7 +414,7 @@ func (st *rawState) decode(i int) (reservation, error) {
 	return res, nil
 }
 
-// holderAlive: the process runs and is the same one (same start time).
-// When /proc cannot tell, the holder counts as alive: a leaked
-// reservation is better than a CPU dedicated twice.
-func holderAlive(h holder) bool { return !procfs.Gone(h.Pid, h.Start) }
+// holderAlive is Holder.Alive: when /proc cannot tell, the holder counts
+// as alive, since a leaked reservation is better than a CPU dedicated
+// twice.
+func holderAlive(h holder) bool { return h.Alive() }

@@ -97,7 +97,7 @@ func TestStoreReserveRelease(t *testing.T) {
 
 	// The file is the documented JSON: version, generation, reservations.
 	var st stateFile
-	b2, _ := os.ReadFile(s.path)
+	b2, _ := os.ReadFile(s.file.Path())
 	if err := json.Unmarshal(b2, &st); err != nil || st.Version != 1 || st.Generation != 4 || len(st.Reservations) != 0 {
 		t.Errorf("state file %s: %+v, %v", b2, st, err)
 	}
@@ -197,7 +197,7 @@ func TestStoreReconcile(t *testing.T) {
 
 func TestStoreCorruptState(t *testing.T) {
 	s := newTestStore(t, uniform(1, 4, 8), Policy{})
-	if err := os.WriteFile(s.path, []byte(`{"version":1,"reserv`), 0o600); err != nil {
+	if err := os.WriteFile(s.file.Path(), []byte(`{"version":1,"reserv`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Reserve(Request{Owner: "a", VCPUs: 1, MemoryMiB: 1}); !errdefs.IsDataLoss(err) {
@@ -214,7 +214,7 @@ func TestStoreCorruptState(t *testing.T) {
 		t.Errorf("after Reconcile: %+v", got)
 	}
 
-	if err := os.WriteFile(s.path, []byte(`{"version":2,"reservations":[]}`), 0o600); err != nil {
+	if err := os.WriteFile(s.file.Path(), []byte(`{"version":2,"reservations":[]}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Reserve(Request{Owner: "a", VCPUs: 1, MemoryMiB: 1}); !errdefs.IsFailedPrecondition(err) {

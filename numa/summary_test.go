@@ -89,7 +89,7 @@ func TestStateFileLayout(t *testing.T) {
 	if err := s.Release("vm<0>"); err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(s.path)
+	b, err := os.ReadFile(s.file.Path())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func TestStateFileEditedByHand(t *testing.T) {
 		VCPUPins: []int{1, 2, 3}, EmulatorCPUs: CPUList{0}}
 	st := stateFile{Version: 1, Generation: 9, Nodes: []nodeSummary{{Node: 0}}, Reservations: []reservation{{Placement: pl}}}
 	b, _ := json.MarshalIndent(st, "", " ")
-	if err := os.WriteFile(s.path, b, 0o600); err != nil {
+	if err := os.WriteFile(s.file.Path(), b, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Reserve(Request{Owner: "d2", VCPUs: 1, MemoryMiB: 1, Mode: ModeDedicated}); err == nil {

@@ -100,14 +100,14 @@ func newHost(ctx context.Context, cfg Config, kvm vm.KVMInfo) (*host, error) {
 	if sock := filepath.Join(l.vmDir("0123456789ab"), "console.sock"); len(sock) > 107 {
 		return nil, fmt.Errorf("state_dir %s is too long: socket paths under it would exceed 107 bytes", l.root)
 	}
-	if err = checkSearchable(l.root); err != nil {
+	if err = CheckSearchable(l.root); err != nil {
 		return nil, err
 	}
 	uid, gid, err := lookupQEMUUser(cfg.QEMUUser)
 	if err != nil {
 		return nil, err
 	}
-	store, err := openNUMA(cfg)
+	store, err := OpenNUMA(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -116,7 +116,7 @@ func newHost(ctx context.Context, cfg Config, kvm vm.KVMInfo) (*host, error) {
 		return nil, err
 	}
 	if ids != nil {
-		if dirsErr := searchableLibvirtDirs(ctx, libvirtDomainDirs); dirsErr != nil {
+		if dirsErr := searchableLibvirtDirs(ctx, LibvirtDomainDirs); dirsErr != nil {
 			return nil, dirsErr
 		}
 	}
@@ -145,9 +145,9 @@ func newHost(ctx context.Context, cfg Config, kvm vm.KVMInfo) (*host, error) {
 	}, nil
 }
 
-// checkSearchable makes sure QEMU, which runs as an unprivileged user, can
+// CheckSearchable makes sure QEMU, which runs as an unprivileged user, can
 // reach files under dir: every directory on the way needs o+x.
-func checkSearchable(dir string) error {
+func CheckSearchable(dir string) error {
 	for d := dir; ; d = filepath.Dir(d) {
 		st, err := os.Stat(d)
 		if err != nil {

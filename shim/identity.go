@@ -147,11 +147,11 @@ func takeBack(id *vm.Identity, paths ...string) error {
 	return errors.Join(errs...)
 }
 
-// libvirtDomainDirs hold each running domain's private dir (master key,
+// LibvirtDomainDirs hold each running domain's private dir (master key,
 // agent and monitor sockets), made by libvirt for the domain's label. A
 // QEMU under its own uid must search them: Debian makes them 0750 of
 // libvirt-qemu, upstream's packaging 0751.
-var libvirtDomainDirs = []string{"/var/lib/libvirt/qemu", "/var/lib/libvirt/qemu/channel", "/var/lib/libvirt/qemu/channel/target"}
+var LibvirtDomainDirs = []string{"/var/lib/libvirt/qemu", "/var/lib/libvirt/qemu/channel", "/var/lib/libvirt/qemu/channel/target"}
 
 // searchableLibvirtDirs gives libvirt's domain dirs o+x where they lack it.
 // A dir that does not exist is libvirt's to make.

@@ -33,9 +33,9 @@ func (c *Config) numaPolicy() (numa.Policy, error) {
 	return p, p.Validate()
 }
 
-// openNUMA reads the host topology once and opens the node's shared
+// OpenNUMA reads the host topology once and opens the node's shared
 // reservation store.
-func openNUMA(cfg Config) (*numa.Store, error) {
+func OpenNUMA(cfg Config) (*numa.Store, error) {
 	topo, err := numa.ReadTopology("/")
 	if err != nil {
 		return nil, fmt.Errorf("read NUMA topology: %w", err)

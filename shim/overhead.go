@@ -1,7 +1,5 @@
 package shim
 
-import "fmt"
-
 // PodFixedOverheadMiB is the memory a VM's pod needs above the guest's RAM
 // (QEMU itself, its page tables, kernel memory, the page cache of what it
 // reads): the RuntimeClass overhead.podFixed memory to declare, so that a
@@ -11,10 +9,3 @@ import "fmt"
 // every guest page touched, plus a quarter, rounded up to 16 MiB. A host
 // with KVM needs less (no TCG translation cache).
 const PodFixedOverheadMiB = 144
-
-// overheadNote is `check`'s line on the overhead to declare.
-func overheadNote() string {
-	return fmt.Sprintf("declare RuntimeClass overhead.podFixed memory: %dMi "+
-		"(measured under TCG with all guest RAM touched; see docs/resources.md)",
-		PodFixedOverheadMiB)
-}

@@ -11,6 +11,7 @@ import (
 
 	shimlib "github.com/containerd/containerd/runtime/v2/shim"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/check"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/shim"
 )
 
@@ -24,7 +25,7 @@ func main() {
 	if len(os.Args) > 1 {
 		switch os.Args[1] {
 		case "check":
-			os.Exit(shim.Check(context.Background(), os.Stdout, os.Args[2:]))
+			os.Exit(check.Run(context.Background(), os.Stdout, os.Args[2:]))
 		case "-info", "--info":
 			if err := shim.WriteRuntimeInfo(os.Stdout, version, revision); err != nil {
 				fmt.Fprintln(os.Stderr, err)

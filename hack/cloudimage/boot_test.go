@@ -292,7 +292,8 @@ func bootAndCheck(t *testing.T, format configdrive.Format) {
 	}
 	drive := filepath.Join(dir, "config-drive.img")
 	start := time.Now()
-	if err := configdrive.Build(context.Background(), dir, drive, inst, network, opts); err != nil {
+	d := configdrive.Drive{Dir: dir, Out: drive, Instance: inst, Network: network, Options: opts}
+	if err := d.Build(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("config drive (%s) built in %v", format, time.Since(start).Round(time.Microsecond))

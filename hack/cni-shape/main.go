@@ -141,7 +141,7 @@ func add(c *config, nsPath, ifName, id string) (*result, error) {
 		}
 		return r, reshapeRouted(pod, r, ifName, net.ParseIP(c.Gateway), false)
 	case "net1":
-		return r, addNet1(pod, ns, nsPath, r, ifName, id)
+		return r, addNet1(podNetns{handle: pod, ns: ns, path: nsPath}, r, ifName, id)
 	}
 	return nil, fmt.Errorf("unknown shape %q", c.Shape)
 }
@@ -192,28 +192,13 @@ func reshapeRouted(pod *netlink.Handle, r *result, ifName string, gw4 net.IP, ca
 	var ips []ipConfig
 	has6 := false
 	for _, ipc := range r.IPs {
-		ip, _, err := net.ParseCIDR(ipc.Address)
+		a, is6, err := hostAddress(pod, l, ipc.Address, calico)
 		if err != nil {
 			return err
 		}
-		bits := 32
 		gw := gw4.String()
-		if ip.To4() == nil {
-			bits, gw, has6 = 128, calicoGW6, true
-			if !calico {
-				return errors.New("the cilium shape here is IPv4 only")
-			}
-		}
-		old, err := netlink.ParseAddr(ipc.Address)
-		if err != nil {
-			return err
-		}
-		if err := pod.AddrDel(l, old); err != nil {
-			return fmt.Errorf("remove %s: %w", ipc.Address, err)
-		}
-		a := &netlink.Addr{IPNet: &net.IPNet{IP: ip, Mask: net.CIDRMask(bits, bits)}, Flags: unix.IFA_F_NODAD}
-		if err := pod.AddrAdd(l, a); err != nil {
-			return fmt.Errorf("add %s: %w", a.IPNet, err)
+		if is6 {
+			gw, has6 = calicoGW6, true
 		}
 		ips = append(ips, ipConfig{Interface: &podIdx, Address: a.IPNet.String(), Gateway: gw})
 	}
@@ -253,6 +238,35 @@ func reshapeRouted(pod *netlink.Handle, r *result, ifName string, gw4 net.IP, ca
 	return nil
 }
 
+// hostAddress replaces the address cidr on the pod's link l with the same
+// address as a host route (/32 or /128) and returns it; is6 for IPv6,
+// which only the calico shape has.
+func hostAddress(pod *netlink.Handle, l netlink.Link, cidr string, calico bool) (a *netlink.Addr, is6 bool, err error) {
+	ip, _, err := net.ParseCIDR(cidr)
+	if err != nil {
+		return nil, false, err
+	}
+	bits := 32
+	if ip.To4() == nil {
+		bits, is6 = 128, true
+		if !calico {
+			return nil, false, errors.New("the cilium shape here is IPv4 only")
+		}
+	}
+	old, err := netlink.ParseAddr(cidr)
+	if err != nil {
+		return nil, false, err
+	}
+	if err := pod.AddrDel(l, old); err != nil {
+		return nil, false, fmt.Errorf("remove %s: %w", cidr, err)
+	}
+	a = &netlink.Addr{IPNet: &net.IPNet{IP: ip, Mask: net.CIDRMask(bits, bits)}, Flags: unix.IFA_F_NODAD}
+	if err := pod.AddrAdd(l, a); err != nil {
+		return nil, false, fmt.Errorf("add %s: %w", a.IPNet, err)
+	}
+	return a, is6, nil
+}
+
 // ensureCiliumHost makes the host-side veth pair that carries the pods'
 // gateway address, as Cilium's cilium_host and cilium_net do.
 func ensureCiliumHost(name, gw string) error {
@@ -285,8 +299,18 @@ func hostVeth(containerID string) string {
 	return "kvmn1" + hex.EncodeToString(sum[:])[:8]
 }
 
-// addNet1 adds the second interface net1, as Multus would.
-func addNet1(pod *netlink.Handle, ns netns.NsHandle, nsPath string, r *result, ifName, id string) error {
+// podNetns is the pod's network namespace: a netlink handle in it, the
+// namespace itself, and its path.
+type podNetns struct {
+	handle *netlink.Handle
+	ns     netns.NsHandle
+	path   string
+}
+
+// addNet1 adds the second interface net1, as Multus would, to the pod of
+// container id whose first interface is ifName.
+func addNet1(p podNetns, r *result, ifName, id string) error {
+	pod, ns, nsPath := p.handle, p.ns, p.path
 	var v4 net.IP
 	for _, ipc := range r.IPs {
 		if ip, _, err := net.ParseCIDR(ipc.Address); err == nil && ip.To4() != nil {

@@ -294,7 +294,6 @@ func WriteArchive(out string, spec Spec) error {
 		return err
 	}
 	mtime := spec.Time.UTC().Truncate(time.Second)
-	created := mtime.Format(time.RFC3339)
 
 	dir := filepath.Dir(out)
 	layerFile, err := os.CreateTemp(dir, ".ocipack-layer-*")
@@ -311,7 +310,37 @@ func WriteArchive(out string, spec Spec) error {
 		return err
 	}
 	layerDesc := descriptor{MediaType: mediaTypeLayer, Digest: compressed.digest(), Size: compressed.n}
+	meta, err := imageMetadata(spec, imageRef{fullName, tag}, diffID, layerDesc)
+	if err != nil {
+		return err
+	}
 
+	// Atomic, not synced: the build takes an output's existence for "up
+	// to date", so an interrupted build must not leave half an archive;
+	// after a power loss the archive is simply built again.
+	return atomicfile.Write(out, atomicfile.Options{Perm: 0o644, Durability: atomicfile.NoSync}, func(w io.Writer) error {
+		if _, err := layerFile.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
+		return writeLayout(w, meta, layerFile, mtime)
+	})
+}
+
+// imageRef is an image's full name and its tag, as splitRef returns them.
+type imageRef struct{ fullName, tag string }
+
+// metadata is what an image archive holds beside its layer: the config,
+// the manifest and the index, with their digests.
+type metadata struct {
+	cfgBlob, manBlob, idxBlob []byte
+	cfgDigest, manDigest      string
+	layer                     descriptor
+}
+
+// imageMetadata makes the config, manifest and index of an image of one
+// layer, whose uncompressed digest is diffID.
+func imageMetadata(spec Spec, ref imageRef, diffID string, layer descriptor) (metadata, error) {
+	created := spec.Time.UTC().Truncate(time.Second).Format(time.RFC3339)
 	labels := spec.Labels
 	if len(labels) == 0 {
 		labels = nil
@@ -330,83 +359,77 @@ func WriteArchive(out string, spec Spec) error {
 		RootFS:  rootFS{Type: "layers", DiffIDs: []string{diffID}},
 		History: []history{{Created: created, CreatedBy: "ocipack"}},
 	}
-	cfgBlob, cfgDigest, err := marshalBlob(cfg)
-	if err != nil {
-		return err
+	m := metadata{layer: layer}
+	var err error
+	if m.cfgBlob, m.cfgDigest, err = marshalBlob(cfg); err != nil {
+		return m, err
 	}
 	man := manifest{
 		SchemaVersion: 2,
 		MediaType:     mediaTypeManifest,
-		Config:        descriptor{MediaType: mediaTypeConfig, Digest: cfgDigest, Size: int64(len(cfgBlob))},
-		Layers:        []descriptor{layerDesc},
+		Config:        descriptor{MediaType: mediaTypeConfig, Digest: m.cfgDigest, Size: int64(len(m.cfgBlob))},
+		Layers:        []descriptor{layer},
 	}
-	manBlob, manDigest, err := marshalBlob(man)
-	if err != nil {
-		return err
+	if m.manBlob, m.manDigest, err = marshalBlob(man); err != nil {
+		return m, err
 	}
 	idx := index{
 		SchemaVersion: 2,
 		MediaType:     mediaTypeIndex,
 		Manifests: []descriptor{{
 			MediaType: mediaTypeManifest,
-			Digest:    manDigest,
-			Size:      int64(len(manBlob)),
+			Digest:    m.manDigest,
+			Size:      int64(len(m.manBlob)),
 			Annotations: map[string]string{
-				annotationRefName:       tag,
-				annotationContainerdRef: fullName,
+				annotationRefName:       ref.tag,
+				annotationContainerdRef: ref.fullName,
 			},
 			Platform: &platform{Architecture: spec.Arch, OS: spec.OS},
 		}},
 	}
-	idxBlob, err := json.Marshal(idx)
-	if err != nil {
-		return err
-	}
+	m.idxBlob, err = json.Marshal(idx)
+	return m, err
+}
 
-	// Atomic, not synced: the build takes an output's existence for "up
-	// to date", so an interrupted build must not leave half an archive;
-	// after a power loss the archive is simply built again.
-	return atomicfile.Write(out, atomicfile.Options{Perm: 0o644, Durability: atomicfile.NoSync}, func(w io.Writer) error {
-		tw := tar.NewWriter(w)
-		add := func(name string, typ byte, size int64, body io.Reader) error {
-			hdr := &tar.Header{Name: name, Typeflag: typ, Size: size, Mode: 0o644, ModTime: mtime}
-			if typ == tar.TypeDir {
-				hdr.Mode = 0o755
-			}
-			if err := tw.WriteHeader(hdr); err != nil {
-				return err
-			}
-			if body != nil {
-				if _, err := io.CopyN(tw, body, size); err != nil {
-					return err
-				}
-			}
-			return nil
+// writeLayout writes an OCI image layout as a tar to w: the layout file,
+// the index, and the blobs of meta with the layer read from layer.
+func writeLayout(w io.Writer, meta metadata, layer io.Reader, mtime time.Time) error {
+	tw := tar.NewWriter(w)
+	add := func(name string, typ byte, size int64, body io.Reader) error {
+		hdr := &tar.Header{Name: name, Typeflag: typ, Size: size, Mode: 0o644, ModTime: mtime}
+		if typ == tar.TypeDir {
+			hdr.Mode = 0o755
 		}
-		blobName := func(d string) string { return "blobs/sha256/" + strings.TrimPrefix(d, "sha256:") }
-		layout := []byte(`{"imageLayoutVersion":"1.0.0"}`)
-		if _, err := layerFile.Seek(0, io.SeekStart); err != nil {
+		if err := tw.WriteHeader(hdr); err != nil {
 			return err
 		}
-		steps := []struct {
-			name string
-			typ  byte
-			size int64
-			body io.Reader
-		}{
-			{"oci-layout", tar.TypeReg, int64(len(layout)), bytes.NewReader(layout)},
-			{"index.json", tar.TypeReg, int64(len(idxBlob)), bytes.NewReader(idxBlob)},
-			{"blobs/", tar.TypeDir, 0, nil},
-			{"blobs/sha256/", tar.TypeDir, 0, nil},
-			{blobName(manDigest), tar.TypeReg, int64(len(manBlob)), bytes.NewReader(manBlob)},
-			{blobName(cfgDigest), tar.TypeReg, int64(len(cfgBlob)), bytes.NewReader(cfgBlob)},
-			{blobName(layerDesc.Digest), tar.TypeReg, layerDesc.Size, layerFile},
-		}
-		for _, s := range steps {
-			if err := add(s.name, s.typ, s.size, s.body); err != nil {
+		if body != nil {
+			if _, err := io.CopyN(tw, body, size); err != nil {
 				return err
 			}
 		}
-		return tw.Close()
-	})
+		return nil
+	}
+	blobName := func(d string) string { return "blobs/sha256/" + strings.TrimPrefix(d, "sha256:") }
+	layout := []byte(`{"imageLayoutVersion":"1.0.0"}`)
+	steps := []struct {
+		name string
+		typ  byte
+		size int64
+		body io.Reader
+	}{
+		{"oci-layout", tar.TypeReg, int64(len(layout)), bytes.NewReader(layout)},
+		{"index.json", tar.TypeReg, int64(len(meta.idxBlob)), bytes.NewReader(meta.idxBlob)},
+		{"blobs/", tar.TypeDir, 0, nil},
+		{"blobs/sha256/", tar.TypeDir, 0, nil},
+		{blobName(meta.manDigest), tar.TypeReg, int64(len(meta.manBlob)), bytes.NewReader(meta.manBlob)},
+		{blobName(meta.cfgDigest), tar.TypeReg, int64(len(meta.cfgBlob)), bytes.NewReader(meta.cfgBlob)},
+		{blobName(meta.layer.Digest), tar.TypeReg, meta.layer.Size, layer},
+	}
+	for _, s := range steps {
+		if err := add(s.name, s.typ, s.size, s.body); err != nil {
+			return err
+		}
+	}
+	return tw.Close()
 }

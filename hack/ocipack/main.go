@@ -75,16 +75,9 @@ func run(args []string) error {
 		return fmt.Errorf("-name and -out are required")
 	}
 
-	epoch := *epochFlag
-	if epoch < 0 {
-		epoch = 0
-		if s := os.Getenv("SOURCE_DATE_EPOCH"); s != "" {
-			v, err := strconv.ParseInt(s, 10, 64)
-			if err != nil || v < 0 {
-				return fmt.Errorf("bad SOURCE_DATE_EPOCH %q", s)
-			}
-			epoch = v
-		}
+	epoch, err := entryEpoch(*epochFlag)
+	if err != nil {
+		return err
 	}
 
 	spec := Spec{
@@ -105,28 +98,36 @@ func run(args []string) error {
 		}
 		spec.Labels[k] = v
 	}
-	for _, f := range files {
-		e, err := parseFile(f)
-		if err != nil {
-			return err
+	for _, kind := range []struct {
+		args  []string
+		parse func(string) (Entry, error)
+	}{{files, parseFile}, {dirs, parseDir}, {symlinks, parseSymlink}} {
+		for _, a := range kind.args {
+			e, err := kind.parse(a)
+			if err != nil {
+				return err
+			}
+			spec.Entries = append(spec.Entries, e)
 		}
-		spec.Entries = append(spec.Entries, e)
-	}
-	for _, d := range dirs {
-		e, err := parseDir(d)
-		if err != nil {
-			return err
-		}
-		spec.Entries = append(spec.Entries, e)
-	}
-	for _, s := range symlinks {
-		e, err := parseSymlink(s)
-		if err != nil {
-			return err
-		}
-		spec.Entries = append(spec.Entries, e)
 	}
 	return WriteArchive(*out, spec)
+}
+
+// entryEpoch is the timestamp of every entry: the -epoch flag's value, or
+// when that is unset (negative) $SOURCE_DATE_EPOCH, or 0.
+func entryEpoch(flagValue int64) (int64, error) {
+	if flagValue >= 0 {
+		return flagValue, nil
+	}
+	s := os.Getenv("SOURCE_DATE_EPOCH")
+	if s == "" {
+		return 0, nil
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || v < 0 {
+		return 0, fmt.Errorf("bad SOURCE_DATE_EPOCH %q", s)
+	}
+	return v, nil
 }
 
 // parseOwner parses the optional "mode[:uid:gid]" suffix fields.

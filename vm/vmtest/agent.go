@@ -121,70 +121,83 @@ func (g *FakeGuest) AgentCommand(domain string, cmd []byte, _ time.Duration) ([]
 	if err := json.Unmarshal(cmd, &req); err != nil {
 		return nil, err
 	}
-	fail := func(msg string) ([]byte, error) {
-		return nil, libvirt.Error{Code: uint32(libvirt.ErrInternalError), Message: "internal error: unable to execute QEMU agent command '" +
-			req.Execute + "': " + msg}
-	}
 	switch req.Execute {
 	case "guest-exec":
-		var a ExecArgs
-		if err := json.Unmarshal(req.Arguments, &a); err != nil {
-			return nil, err
-		}
-		g.started = append(g.started, a)
-		prog, ok := g.programs[a.Path]
-		if !ok {
-			return fail(fmt.Sprintf("Failed to execute child process “%s” (No such file or directory)", a.Path))
-		}
-		if prog.Denied {
-			return fail(fmt.Sprintf("Failed to execute child process “%s” (Permission denied)", a.Path))
-		}
-		if a.Path == "kill" && len(a.Arg) == 2 {
-			var sig, pid int
-			_, _ = fmt.Sscanf(a.Arg[0], "-%d", &sig) // a bad argument leaves 0: no such process
-			_, _ = fmt.Sscanf(a.Arg[1], "%d", &pid)
-			if p, ok := g.procs[pid]; ok {
-				p.Polls, p.Signal = 0, sig
-			}
-		}
-		in, _ := base64.StdEncoding.DecodeString(a.InputData)
-		g.nextPID++
-		g.procs[g.nextPID] = &fakeProc{Program: prog, input: in}
-		return json.Marshal(map[string]any{"return": map[string]int{"pid": g.nextPID}})
+		return g.execLocked(req.Execute, req.Arguments)
 	case "guest-exec-status":
-		var a struct {
-			PID int `json:"pid"`
-		}
-		if err := json.Unmarshal(req.Arguments, &a); err != nil {
-			return nil, err
-		}
-		p, ok := g.procs[a.PID]
-		if !ok {
-			return fail("Invalid parameter 'pid'")
-		}
-		if p.Polls != 0 {
-			if p.Polls > 0 {
-				p.Polls--
-			}
-			return []byte(`{"return":{"exited":false}}`), nil
-		}
-		delete(g.procs, a.PID)
-		out := p.Out
-		if p.EchoInput {
-			out += string(p.input)
-		}
-		r := map[string]any{"exited": true,
-			"out-data": base64.StdEncoding.EncodeToString([]byte(out)),
-			"err-data": base64.StdEncoding.EncodeToString([]byte(p.Err))}
-		if p.Signal != 0 {
-			r["signal"] = p.Signal
-		} else {
-			r["exitcode"] = p.Code
-		}
-		if p.Truncated {
-			r["out-truncated"] = true
-		}
-		return json.Marshal(map[string]any{"return": r})
+		return g.execStatusLocked(req.Execute, req.Arguments)
 	}
-	return fail("The command " + req.Execute + " has not been found")
+	return nil, agentFailure(req.Execute, "The command "+req.Execute+" has not been found")
+}
+
+// agentFailure is the error libvirt gives for an agent command that
+// failed in the guest.
+func agentFailure(execute, msg string) error {
+	return libvirt.Error{Code: uint32(libvirt.ErrInternalError), Message: "internal error: unable to execute QEMU agent command '" +
+		execute + "': " + msg}
+}
+
+// execLocked answers guest-exec. g.mu is held.
+func (g *FakeGuest) execLocked(execute string, args json.RawMessage) ([]byte, error) {
+	var a ExecArgs
+	if err := json.Unmarshal(args, &a); err != nil {
+		return nil, err
+	}
+	g.started = append(g.started, a)
+	prog, ok := g.programs[a.Path]
+	if !ok {
+		return nil, agentFailure(execute, fmt.Sprintf("Failed to execute child process “%s” (No such file or directory)", a.Path))
+	}
+	if prog.Denied {
+		return nil, agentFailure(execute, fmt.Sprintf("Failed to execute child process “%s” (Permission denied)", a.Path))
+	}
+	if a.Path == "kill" && len(a.Arg) == 2 {
+		var sig, pid int
+		_, _ = fmt.Sscanf(a.Arg[0], "-%d", &sig) // a bad argument leaves 0: no such process
+		_, _ = fmt.Sscanf(a.Arg[1], "%d", &pid)
+		if p, ok := g.procs[pid]; ok {
+			p.Polls, p.Signal = 0, sig
+		}
+	}
+	in, _ := base64.StdEncoding.DecodeString(a.InputData)
+	g.nextPID++
+	g.procs[g.nextPID] = &fakeProc{Program: prog, input: in}
+	return json.Marshal(map[string]any{"return": map[string]int{"pid": g.nextPID}})
+}
+
+// execStatusLocked answers guest-exec-status. g.mu is held.
+func (g *FakeGuest) execStatusLocked(execute string, args json.RawMessage) ([]byte, error) {
+	var a struct {
+		PID int `json:"pid"`
+	}
+	if err := json.Unmarshal(args, &a); err != nil {
+		return nil, err
+	}
+	p, ok := g.procs[a.PID]
+	if !ok {
+		return nil, agentFailure(execute, "Invalid parameter 'pid'")
+	}
+	if p.Polls != 0 {
+		if p.Polls > 0 {
+			p.Polls--
+		}
+		return []byte(`{"return":{"exited":false}}`), nil
+	}
+	delete(g.procs, a.PID)
+	out := p.Out
+	if p.EchoInput {
+		out += string(p.input)
+	}
+	r := map[string]any{"exited": true,
+		"out-data": base64.StdEncoding.EncodeToString([]byte(out)),
+		"err-data": base64.StdEncoding.EncodeToString([]byte(p.Err))}
+	if p.Signal != 0 {
+		r["signal"] = p.Signal
+	} else {
+		r["exitcode"] = p.Code
+	}
+	if p.Truncated {
+		r["out-truncated"] = true
+	}
+	return json.Marshal(map[string]any{"return": r})
 }

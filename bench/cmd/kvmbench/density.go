@@ -186,23 +186,13 @@ func densityRound(ctx context.Context, e *env, d *daemon, runtime string, n int)
 	res.Summary = summarize(res.PerPodMs)
 
 	// Remove everything, concurrently as kubelet would, then check.
-	var rm sync.WaitGroup
-	var mu sync.Mutex
+	var pods []*testenv.Pod
 	for _, o := range outcomes {
-		if o.pod == nil {
-			continue
+		if o.pod != nil {
+			pods = append(pods, o.pod)
 		}
-		rm.Add(1)
-		go func() {
-			defer rm.Done()
-			if err := cl.RemovePod(context.WithoutCancel(ctx), o.pod.ID); err != nil {
-				mu.Lock()
-				res.Failures = append(res.Failures, "remove: "+err.Error())
-				mu.Unlock()
-			}
-		}()
 	}
-	rm.Wait()
+	res.Failures = append(res.Failures, removePods(ctx, cl, pods)...)
 	res.Leftovers = d.WaitNothingLeft(ctx, 2*goneTimeout)
 	if len(res.Leftovers) > 0 {
 		logf("density: left behind: %s", strings.Join(res.Leftovers, "; "))
@@ -210,6 +200,27 @@ func densityRound(ctx context.Context, e *env, d *daemon, runtime string, n int)
 		d.ForceCleanup(ctx)
 	}
 	return res, nil
+}
+
+// removePods removes pods concurrently, as kubelet would, and returns
+// what failed.
+func removePods(ctx context.Context, cl *testenv.CRI, pods []*testenv.Pod) []string {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var failures []string // guarded by mu
+	for _, p := range pods {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := cl.RemovePod(context.WithoutCancel(ctx), p.ID); err != nil {
+				mu.Lock()
+				defer mu.Unlock()
+				failures = append(failures, "remove: "+err.Error())
+			}
+		}()
+	}
+	wg.Wait()
+	return failures
 }
 
 // dumpShimStacks takes a goroutine dump of every shim still serving d and

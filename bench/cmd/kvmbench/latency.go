@@ -191,22 +191,31 @@ func shimStepTimes(flavour, log string) shimSteps {
 // ctrRun: `ctr run -d` of the VM until the task is RUNNING, then the boot,
 // then kill and delete.
 func ctrRun(ctx context.Context, d *daemon, i int, p *pathResult) error {
-	return ctrTimed(ctx, d, fmt.Sprintf("lat-%d", i), p, true,
-		"--runtime", testenv.RuntimeKVM, "--runtime-config-path", d.ShimConfigPath, d.kernelRef)
+	return ctrTimed(ctx, d, p, ctrRunArgs{id: fmt.Sprintf("lat-%d", i), boot: true,
+		args: []string{"--runtime", testenv.RuntimeKVM, "--runtime-config-path", d.ShimConfigPath, d.kernelRef}})
 }
 
 // ctrRunRunc: `ctr run -d` of the pause image with containerd's runc shim
 // until the task is RUNNING, then kill and delete. No VM: it shows what
 // containerd and ctr cost around any runtime on this host.
 func ctrRunRunc(ctx context.Context, d *daemon, i int, p *pathResult) error {
-	return ctrTimed(ctx, d, fmt.Sprintf("lat-runc-%d", i), p, false,
-		"--runtime", "io.containerd.runc.v2", d.pauseRef)
+	return ctrTimed(ctx, d, p, ctrRunArgs{id: fmt.Sprintf("lat-runc-%d", i),
+		args: []string{"--runtime", "io.containerd.runc.v2", d.pauseRef}})
+}
+
+// ctrRunArgs is one timed `ctr run -d <args> <id>`; boot: of a VM, whose
+// console is timed until userspace.
+type ctrRunArgs struct {
+	id   string
+	boot bool
+	args []string
 }
 
 // ctrTimed times `ctr run -d <args> <id>` until the task is RUNNING, and
 // with boot the guest's console until userspace; then the task and the
-// container are removed.
-func ctrTimed(ctx context.Context, d *daemon, id string, p *pathResult, boot bool, args ...string) (retErr error) {
+// container are removed. The times go to p.
+func ctrTimed(ctx context.Context, d *daemon, p *pathResult, run ctrRunArgs) (retErr error) {
+	id, boot, args := run.id, run.boot, run.args
 	tasks, err := d.DialTasks()
 	if err != nil {
 		return err

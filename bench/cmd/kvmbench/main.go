@@ -156,26 +156,34 @@ func parseFlags(args []string) (*config, error) {
 	if c.eventsShims, err = intList(*eventsShims); err != nil {
 		return nil, fmt.Errorf("-events-shims: %w", err)
 	}
-	if c.eventsCount < 2 {
-		return nil, errors.New("-events-count must be at least 2")
-	}
-	if c.netRuns < 1 || c.netSeconds < 2 {
-		return nil, errors.New("-net-runs must be at least 1 and -net-seconds at least 2")
-	}
-	if c.volumeLoop != "direct" && c.volumeLoop != "buffered" {
-		return nil, fmt.Errorf("-volume-loop %q: want direct or buffered", c.volumeLoop)
-	}
-	if c.volumeVMs < 1 || c.volumeMiB < 1 || c.volumeOps < 1 {
-		return nil, errors.New("-volume-vms, -volume-mib and -volume-ops must be at least 1")
-	}
-	if c.runs < 1 || c.warmup < 0 || c.vcpus < 1 || c.memoryMiB < 64 || c.microCount < 1 {
-		return nil, errors.New("-runs, -vcpus and -micro-count must be at least 1, -warmup at least 0, -memory-mib at least 64")
-	}
-	if len(c.flavours) == 0 && c.needsDaemons() {
-		return nil, errors.New("-flavours: none given")
+	if err := c.validate(); err != nil {
+		return nil, err
 	}
 	c.writeResults = c.outDir != ""
 	return c, nil
+}
+
+// validate refuses flag values out of their ranges.
+func (c *config) validate() error {
+	if c.eventsCount < 2 {
+		return errors.New("-events-count must be at least 2")
+	}
+	if c.netRuns < 1 || c.netSeconds < 2 {
+		return errors.New("-net-runs must be at least 1 and -net-seconds at least 2")
+	}
+	if c.volumeLoop != "direct" && c.volumeLoop != "buffered" {
+		return fmt.Errorf("-volume-loop %q: want direct or buffered", c.volumeLoop)
+	}
+	if c.volumeVMs < 1 || c.volumeMiB < 1 || c.volumeOps < 1 {
+		return errors.New("-volume-vms, -volume-mib and -volume-ops must be at least 1")
+	}
+	if c.runs < 1 || c.warmup < 0 || c.vcpus < 1 || c.memoryMiB < 64 || c.microCount < 1 {
+		return errors.New("-runs, -vcpus and -micro-count must be at least 1, -warmup at least 0, -memory-mib at least 64")
+	}
+	if len(c.flavours) == 0 && c.needsDaemons() {
+		return errors.New("-flavours: none given")
+	}
+	return nil
 }
 
 func (c *config) has(section string) bool { return slices.Contains(c.sections, section) }
@@ -295,6 +303,17 @@ func measureOnHost(ctx context.Context, c *config, res *results) (retErr error) 
 		}
 		res.Machine.Containerd = append(res.Machine.Containerd, d.name()+": "+v)
 	}
+	runSections(ctx, c, e, res)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return nil
+}
+
+// runSections runs the sections c names that need daemons, in order,
+// until ctx ends.
+func runSections(ctx context.Context, c *config, e *env, res *results) {
+	var err error
 	// A failing section is reported and the next one still runs, so one
 	// broken piece does not throw away the others' numbers.
 	if c.has("latency") && ctx.Err() == nil {
@@ -329,8 +348,4 @@ func measureOnHost(ctx context.Context, c *config, res *results) (retErr error) 
 		res.Events, err = runEvents(ctx, e)
 		res.fail("events", err)
 	}
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	return nil
 }

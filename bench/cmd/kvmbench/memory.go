@@ -122,20 +122,27 @@ func measurePods(ctx context.Context, d *daemon, runtime string, n int) (_ memor
 	case <-time.After(settle):
 	}
 
+	readErr := res.readShims(d, runtime, n)
+	return res, readErr
+}
+
+// readShims reads the memory of every shim of d, which serve n pods of
+// runtime, into res.
+func (res *memoryResult) readShims(d *daemon, runtime string, n int) error {
 	procs := d.ShimProcesses()
 	res.Shims = len(procs)
 	if res.Shims != n {
-		return res, fmt.Errorf("%d shim processes for %d pods: %v", res.Shims, n, procs)
+		return fmt.Errorf("%d shim processes for %d pods: %v", res.Shims, n, procs)
 	}
 	var pss, rss, anon, file int
 	for _, p := range procs {
 		want := "containerd-shim-" + runtime
 		if !strings.Contains(p.Cmdline, want) {
-			return res, fmt.Errorf("shim process %d is not %s: %s", p.Pid, want, p.Cmdline)
+			return fmt.Errorf("shim process %d is not %s: %s", p.Pid, want, p.Cmdline)
 		}
 		m, err := smapsRollup(p.Pid)
 		if err != nil {
-			return res, err
+			return err
 		}
 		res.PSSKiB = append(res.PSSKiB, m["Pss"])
 		res.RSSKiB = append(res.RSSKiB, m["Rss"])
@@ -149,7 +156,7 @@ func measurePods(ctx context.Context, d *daemon, runtime string, n int) (_ memor
 	perPod := func(kib int) float64 { return float64(kib) / 1024 / float64(n) }
 	res.PSSPerPodMiB, res.RSSPerPodMiB = perPod(pss), perPod(rss)
 	res.PSSAnonPerPodMiB, res.PSSFilePerPodMiB = perPod(anon), perPod(file)
-	return res, nil
+	return nil
 }
 
 // smapsRollup reads the kB fields of /proc/<pid>/smaps_rollup.

@@ -104,29 +104,31 @@ func runNet(ctx context.Context, e *env) (_ *netResults, retErr error) {
 	c := &netVariant{Key: "c", Label: "(c) libvirt TAP on a host bridge (same domain XML + <interface type='bridge'>)"}
 	cal := &netVariant{Key: "d", Label: "(d) shim TAP, IFF_VNET_HDR, Calico-shaped pod (/32, on-link 169.254.1.1, proxy ARP on the host veth)"}
 	res.Variants = []*netVariant{a, bv, c, cal}
+	nb := &netBench{d: d, e: e, ref: ref, l: l}
 	var tmpl *domainTemplate
 	for i := 0; i < e.cfg.netRuns; i++ {
 		logf("net: iteration %d/%d", i+1, e.cfg.netRuns)
 		for _, v := range res.Variants {
 			var err error
+			run := netRun{i: i, v: v}
 			switch v.Key {
 			case "a":
 				var x *domainTemplate
-				x, err = shimNetRun(ctx, d, e, ref, d.ShimConfigPath, i, v, podNetSetup, tmpl == nil, l)
+				x, err = nb.shimRun(ctx, run, shimNetShape{cfg: d.ShimConfigPath, setup: podNetSetup, capture: tmpl == nil})
 				if x != nil {
 					tmpl = x
 					res.Template = x.xml
 				}
 			case "b":
-				_, err = shimNetRun(ctx, d, e, ref, offCfg, i, v, podNetSetup, false, l)
+				_, err = nb.shimRun(ctx, run, shimNetShape{cfg: offCfg, setup: podNetSetup})
 			case "d":
-				_, err = shimNetRun(ctx, d, e, ref, d.ShimConfigPath, i, v, calicoNetSetup, false, l)
+				_, err = nb.shimRun(ctx, run, shimNetShape{cfg: d.ShimConfigPath, setup: calicoNetSetup})
 			case "c":
 				if tmpl == nil {
 					err = errors.New("no domain XML captured from (a)")
 					break
 				}
-				err = bridgeNetRun(ctx, l, e, tmpl, i, v)
+				err = nb.bridgeRun(ctx, tmpl, run)
 			}
 			if err != nil {
 				logf("net: %s run %d failed: %v", v.Key, i, err)
@@ -336,10 +338,19 @@ func (c *consoleBuf) waitFor(ctx context.Context, want string, timeout time.Dura
 
 var featuresRE = regexp.MustCompile(`KVM-GUEST-VIRTIO-NET-FEATURES (\S+)`)
 
+// guestLink is how the host reaches a booted iperf guest: its console's
+// output, its console shell's input, and its address.
+type guestLink struct {
+	con   *consoleBuf
+	shell io.Writer
+	addr  string
+}
+
 // measureGuest waits for the guest's network, starts iperf3 -s in it
-// through its console shell, and runs the host's client both ways.
-func measureGuest(ctx context.Context, con *consoleBuf, shell io.Writer, addr string, secs int, v *netVariant) error {
-	out, err := con.waitFor(ctx, "KVM-GUEST-GW-", 3*bootTimeout)
+// through its console shell, and runs the host's client both ways for
+// secs seconds each.
+func measureGuest(ctx context.Context, g guestLink, secs int, v *netVariant) error {
+	out, err := g.con.waitFor(ctx, "KVM-GUEST-GW-", 3*bootTimeout)
 	if err != nil {
 		return err
 	}
@@ -350,14 +361,14 @@ func measureGuest(ctx context.Context, con *consoleBuf, shell io.Writer, addr st
 	if m := featuresRE.FindStringSubmatch(out); m != nil {
 		features = m[1]
 	}
-	if _, err = io.WriteString(shell, "\niperf3 -s -D\n"); err != nil {
+	if _, err = io.WriteString(g.shell, "\niperf3 -s -D\n"); err != nil {
 		return fmt.Errorf("write to the guest's console: %w", err)
 	}
-	rx, err := iperf(ctx, addr, secs, false)
+	rx, err := iperf(ctx, g.addr, secs, false)
 	if err != nil {
 		return err
 	}
-	tx, err := iperf(ctx, addr, secs, true)
+	tx, err := iperf(ctx, g.addr, secs, true)
 	if err != nil {
 		return err
 	}
@@ -400,18 +411,43 @@ func iperf(ctx context.Context, addr string, secs int, reverse bool) (float64, e
 	}
 }
 
-// shimNetRun boots the iperf guest with ctr in a pod-like netns (made by
-// setup) through the shim with the given config, measures, and removes it. With capture, it
-// returns the bridge variant's template made from the shim's domain XML.
-func shimNetRun(ctx context.Context, d *daemon, e *env, ref, cfg string, i int, v *netVariant, setup func(context.Context) error,
-	capture bool, l *libvirt.Libvirt) (tmpl *domainTemplate, retErr error) {
-	if err := setup(ctx); err != nil {
+// netBench is what every run of the network benchmark uses: the daemon
+// and the environment, the iperf image's ref, and a libvirt connection.
+type netBench struct {
+	d   *daemon
+	e   *env
+	ref string
+	l   *libvirt.Libvirt
+}
+
+// netRun is one run: its iteration and the variant it measures.
+type netRun struct {
+	i int
+	v *netVariant
+}
+
+// shimNetShape is how a shim variant runs: the shim's config, the setup
+// of its pod-like netns, and whether to capture the bridge variant's
+// template from the shim's domain XML.
+type shimNetShape struct {
+	cfg     string
+	setup   func(context.Context) error
+	capture bool
+}
+
+// shimRun boots the iperf guest with ctr in a pod-like netns (made by
+// shape.setup) through the shim with shape.cfg, measures, and removes
+// it. With shape.capture, it returns the bridge variant's template made
+// from the shim's domain XML.
+func (nb *netBench) shimRun(ctx context.Context, run netRun, shape shimNetShape) (tmpl *domainTemplate, retErr error) {
+	d, e, v := nb.d, nb.e, run.v
+	if err := shape.setup(ctx); err != nil {
 		return nil, err
 	}
 	defer func() { retErr = errors.Join(retErr, podNetTeardown()) }()
-	id := fmt.Sprintf("net-%s-%d", v.Key, i)
+	id := fmt.Sprintf("net-%s-%d", v.Key, run.i)
 	cmd := d.CtrCmd(ctx, testenv.NamespaceDefault, "run", "--rm", "--runtime", testenv.RuntimeKVM,
-		"--runtime-config-path", cfg, "--with-ns", "network:/run/netns/"+netNS, ref, id)
+		"--runtime-config-path", shape.cfg, "--with-ns", "network:/run/netns/"+netNS, nb.ref, id)
 	con := &consoleBuf{}
 	cmd.Stdout, cmd.Stderr = con, con
 	stdin, err := cmd.StdinPipe()
@@ -435,15 +471,15 @@ func shimNetRun(ctx context.Context, d *daemon, e *env, ref, cfg string, i int, 
 		stdin.Close()
 		retErr = errors.Join(retErr, waitGone(ctx, d))
 	}()
-	if capture {
+	if shape.capture {
 		if _, err = con.waitFor(ctx, readyLine, 3*bootTimeout); err != nil {
 			return nil, err
 		}
-		if tmpl, err = bridgeTemplate(l, d, e); err != nil {
+		if tmpl, err = bridgeTemplate(nb.l, d, e); err != nil {
 			return nil, fmt.Errorf("capture the shim's domain XML: %w", err)
 		}
 	}
-	return tmpl, measureGuest(ctx, con, stdin, podAddr, e.cfg.netSeconds, v)
+	return tmpl, measureGuest(ctx, guestLink{con: con, shell: stdin, addr: podAddr}, e.cfg.netSeconds, v)
 }
 
 // bridgeTemplate takes the running shim VM's XML, copies its files, and
@@ -476,11 +512,12 @@ func bridgeTemplate(l *libvirt.Libvirt, d *daemon, e *env) (*domainTemplate, err
 
 var ipArgRE = regexp.MustCompile(`ip=\S+`)
 
-// bridgeNetRun defines and starts the bridge variant, drives its console
-// socket directly, measures, and destroys it.
-func bridgeNetRun(ctx context.Context, l *libvirt.Libvirt, e *env, tmpl *domainTemplate, i int, v *netVariant) (retErr error) {
-	name := fmt.Sprintf("kvmbench-net-%d-%d", os.Getpid(), i)
-	runDir := filepath.Join(e.rawDir, fmt.Sprintf("net-run-%d", i))
+// bridgeRun defines and starts the bridge variant from tmpl, drives its
+// console socket directly, measures, and destroys it.
+func (nb *netBench) bridgeRun(ctx context.Context, tmpl *domainTemplate, run netRun) (retErr error) {
+	l, e := nb.l, nb.e
+	name := fmt.Sprintf("kvmbench-net-%d-%d", os.Getpid(), run.i)
+	runDir := filepath.Join(e.rawDir, fmt.Sprintf("net-run-%d", run.i))
 	if err := os.MkdirAll(runDir, 0o711); err != nil {
 		return err
 	}
@@ -507,7 +544,7 @@ func bridgeNetRun(ctx context.Context, l *libvirt.Libvirt, e *env, tmpl *domainT
 	defer conn.Close()
 	con := &consoleBuf{}
 	go func() { _, _ = io.Copy(con, bufio.NewReader(conn)) }()
-	return measureGuest(ctx, con, conn, bridgeAddr, e.cfg.netSeconds, v)
+	return measureGuest(ctx, guestLink{con: con, shell: conn, addr: bridgeAddr}, e.cfg.netSeconds, run.v)
 }
 
 // copyVMFiles copies a VM dir's regular files but the console's.

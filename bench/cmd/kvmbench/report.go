@@ -302,23 +302,36 @@ func (r *results) buildMemory() {
 	}
 }
 
+// densityNote explains the density section's figures.
+const densityNote = "" +
+	"Density: N pods started at once, one goroutine each, through CRI; per pod from its RunPodSandbox until ContainerStatus RUNNING " +
+	"(CreateContainer and StartContainer in between), polled every 20 ms. Under TCG the guests that are already booting compete for the 2 " +
+	"cores with the pods still starting. Growth = median per-pod time at the largest N / at 1 pod. Control-plane CPU: user+system time " +
+	"(from /proc/<pid>/stat, 10 ms ticks) that containerd (with the children it reaped: `shim start` runs, CNI plugins), every shim " +
+	"serving it (with its reaped children: mkfs.vfat and mcopy for ours, runc for runc's), libvirtd (with its reaped helpers) and " +
+	"virtlogd used from the start of the round until the last pod was RUNNING, divided by the pods; QEMU's own time, which runs the " +
+	"guests, is not counted. Its growth is what the control plane costs per pod as pods come together, without the guests' boot competing " +
+	"for the cores. A pod count below 10 runs in rounds until 10 pods have started (1 pod: 10 rounds, one after the other): its per-pod " +
+	"times are every pod of every round, its CPU per pod and wall time the means over the rounds, since one lone pod's CPU is only a few " +
+	"10 ms ticks per process. The same rounds then run with runc pods (a pause container in each, RunPodSandbox to RUNNING the same way) " +
+	"as the reference: what containerd, CNI and this 2-core host cost per pod for any runtime. After each round every pod is removed and " +
+	"the round checks that no domain, shim process, mount or pod IP is left."
+
+// densityGrowth is the median per-pod time at the most pods over that at
+// 1 pod, with those two rounds; ok is false when rounds lacks either.
+func densityGrowth(rounds []densityResult) (g float64, one, most densityResult, ok bool) {
+	one, most = rounds[0], rounds[len(rounds)-1]
+	if one.Pods != 1 || most.Pods <= 1 || one.Summary.N == 0 || most.Summary.N == 0 {
+		return 0, one, most, false
+	}
+	return most.Summary.Median / one.Summary.Median, one, most, true
+}
+
 func (r *results) buildDensity() {
 	if len(r.Density) == 0 {
 		return
 	}
-	r.Notes = append(r.Notes,
-		"Density: N pods started at once, one goroutine each, through CRI; per pod from its RunPodSandbox until ContainerStatus RUNNING "+
-			"(CreateContainer and StartContainer in between), polled every 20 ms. Under TCG the guests that are already booting compete for the 2 "+
-			"cores with the pods still starting. Growth = median per-pod time at the largest N / at 1 pod. Control-plane CPU: user+system time "+
-			"(from /proc/<pid>/stat, 10 ms ticks) that containerd (with the children it reaped: `shim start` runs, CNI plugins), every shim "+
-			"serving it (with its reaped children: mkfs.vfat and mcopy for ours, runc for runc's), libvirtd (with its reaped helpers) and "+
-			"virtlogd used from the start of the round until the last pod was RUNNING, divided by the pods; QEMU's own time, which runs the "+
-			"guests, is not counted. Its growth is what the control plane costs per pod as pods come together, without the guests' boot competing "+
-			"for the cores. A pod count below 10 runs in rounds until 10 pods have started (1 pod: 10 rounds, one after the other): its per-pod "+
-			"times are every pod of every round, its CPU per pod and wall time the means over the rounds, since one lone pod's CPU is only a few "+
-			"10 ms ticks per process. The same rounds then run with runc pods (a pause container in each, RunPodSandbox to RUNNING the same way) "+
-			"as the reference: what containerd, CNI and this 2-core host cost per pod for any runtime. After each round every pod is removed and "+
-			"the round checks that no domain, shim process, mount or pod IP is left.")
+	r.Notes = append(r.Notes, densityNote)
 	type group struct{ flavour, runtime string }
 	byGroup := map[group][]densityResult{}
 	var groups []group
@@ -331,14 +344,6 @@ func (r *results) buildDensity() {
 			groups = append(groups, g)
 		}
 		byGroup[g] = append(byGroup[g], d)
-	}
-	// growth is the median per-pod time at the most pods over that at 1.
-	growth := func(rounds []densityResult) (float64, densityResult, densityResult, bool) {
-		one, most := rounds[0], rounds[len(rounds)-1]
-		if one.Pods != 1 || most.Pods <= 1 || one.Summary.N == 0 || most.Summary.N == 0 {
-			return 0, one, most, false
-		}
-		return most.Summary.Median / one.Summary.Median, one, most, true
 	}
 	for _, gr := range groups {
 		f, rounds := gr.flavour, byGroup[gr]
@@ -373,14 +378,14 @@ func (r *results) buildDensity() {
 					fmt.Sprintf("%s ms per pod (%s)", fmtMs(d.ControlPlaneTotalMs), cpuParts(d.ControlPlaneMs)), "", "info")
 			}
 		}
-		g, one, most, ok := growth(rounds)
+		g, one, most, ok := densityGrowth(rounds)
 		if !ok {
 			continue
 		}
 		r.Derived[fmt.Sprintf("density_growth_%s_1_to_%d", key, most.Pods)] = g
 		value := fmt.Sprintf("%.2fx per-pod time (median %s -> %s ms)", g, fmtMs(one.Summary.Median), fmtMs(most.Summary.Median))
 		if ref, ok := byGroup[group{f, "runc"}]; ok && !reference {
-			if rg, _, _, ok := growth(ref); ok {
+			if rg, _, _, ok := densityGrowth(ref); ok {
 				value += fmt.Sprintf("; runc pause pods in the same containerd: %.2fx", rg)
 			}
 		}

@@ -110,16 +110,32 @@ func runResources(ctx context.Context, e *env) (*resourcesResults, error) {
 	return out, nil
 }
 
+// podEnv is what running a VM pod takes: the daemon, a CRI client of
+// it, and the host's cgroups.
+type podEnv struct {
+	d  *daemon
+	cl *testenv.CRI
+	h  cgroup.Hierarchies
+}
+
+// vmPodRun is a running VM pod: its container, the container's CRI log,
+// the container's cgroup, and stop, which removes the pod and its parent.
+type vmPodRun struct {
+	cid, logPath string
+	g            *cgroup.Group
+	stop         func() error
+}
+
 // vmPod runs a pod in its own cgroup parent with one VM container and
-// waits for the guest to be up; stop removes the pod and the parent.
-func vmPod(ctx context.Context, d *daemon, cl *testenv.CRI, h cgroup.Hierarchies, name string,
-	o testenv.ContainerOptions) (cid, logPath string, g *cgroup.Group, stop func() error, err error) {
+// waits for the guest to be up.
+func vmPod(ctx context.Context, pe podEnv, name string, o testenv.ContainerOptions) (vmPodRun, error) {
+	d, cl, h := pe.d, pe.cl, pe.h
 	parent := fmt.Sprintf("/kvmbench/pod-%s-%d", name, time.Now().UnixNano())
 	p, err := cl.RunPod(ctx, testenv.PodOptions{Name: name, Namespace: "kvmbench", Handler: "kvm", CgroupParent: parent})
 	if err != nil {
-		return "", "", nil, nil, err
+		return vmPodRun{}, err
 	}
-	stop = func() error {
+	run := vmPodRun{stop: func() error {
 		errs := []error{cl.RemovePod(ctx, p.ID)}
 		if left := d.WaitNothingLeft(ctx, goneTimeout); len(left) > 0 {
 			errs = append(errs, fmt.Errorf("left behind: %s", strings.Join(left, "; ")))
@@ -128,25 +144,25 @@ func vmPod(ctx context.Context, d *daemon, cl *testenv.CRI, h cgroup.Hierarchies
 			errs = append(errs, pg.Remove())
 		}
 		return errors.Join(errs...)
-	}
-	fail := func(err error) (string, string, *cgroup.Group, func() error, error) {
-		return "", "", nil, nil, errors.Join(err, stop())
+	}}
+	fail := func(err error) (vmPodRun, error) {
+		return vmPodRun{}, errors.Join(err, run.stop())
 	}
 	o.Name, o.Image = "vm", d.kernelRef
-	if cid, err = cl.CreateContainer(ctx, p, o); err != nil {
+	if run.cid, err = cl.CreateContainer(ctx, p, o); err != nil {
 		return fail(err)
 	}
-	if startContainerErr := cl.StartContainer(ctx, cid); startContainerErr != nil {
-		return fail(startContainerErr)
-	}
-	if g, err = h.Group(parent + "/" + cid); err != nil {
+	if err = cl.StartContainer(ctx, run.cid); err != nil {
 		return fail(err)
 	}
-	logPath = p.LogPath("vm")
-	if _, err := waitConsole(ctx, logPath, readyLine, bootTimeout); err != nil {
+	if run.g, err = h.Group(parent + "/" + run.cid); err != nil {
 		return fail(err)
 	}
-	return cid, logPath, g, stop, nil
+	run.logPath = p.LogPath("vm")
+	if _, err = waitConsole(ctx, run.logPath, readyLine, bootTimeout); err != nil {
+		return fail(err)
+	}
+	return run, nil
 }
 
 // waitConsole waits for a line containing prefix in the VM's CRI log and
@@ -183,7 +199,7 @@ func measureOverhead(ctx context.Context, d *daemon, h cgroup.Hierarchies, memMi
 		return res, err
 	}
 	defer cl.Close()
-	_, logPath, g, stop, err := vmPod(ctx, d, cl, h, fmt.Sprintf("overhead-%d", memMiB), testenv.ContainerOptions{
+	pod, err := vmPod(ctx, podEnv{d: d, cl: cl, h: h}, fmt.Sprintf("overhead-%d", memMiB), testenv.ContainerOptions{
 		MemoryLimit: int64(memMiB) << 20,
 		Annotations: map[string]string{annotations.VCPUs: strconv.Itoa(vcpus),
 			annotations.KernelCmdline: "console=ttyS0 quiet kvmguest.fill"},
@@ -191,7 +207,8 @@ func measureOverhead(ctx context.Context, d *daemon, h cgroup.Hierarchies, memMi
 	if err != nil {
 		return res, err
 	}
-	defer func() { retErr = errors.Join(retErr, stop()) }()
+	logPath, g := pod.logPath, pod.g
+	defer func() { retErr = errors.Join(retErr, pod.stop()) }()
 	// Under TCG the guest writes some 10-20 MiB/s into its tmpfs.
 	filled, err := waitConsole(ctx, logPath, "KVM-GUEST-FILLED ", bootTimeout+time.Duration(memMiB/4)*time.Second)
 	if err != nil {
@@ -288,70 +305,33 @@ func measureResize(ctx context.Context, d *daemon, h cgroup.Hierarchies, runs in
 		return res, err
 	}
 	defer cl.Close()
-	const memLimit = 256 << 20
-	update := func(cid string, cpus, mem int64) error {
-		_, err := cl.Runtime.UpdateContainerResources(ctx, &cri.UpdateContainerResourcesRequest{
-			ContainerId: cid,
-			Linux:       &cri.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: cpus * 100000, MemoryLimitInBytes: mem},
-		})
-		return err
-	}
-	var grow, memGrow, memShrink, shrink, online []float64
+	var s resizeSamples
 	var cid, logPath string
 	stop := func() error { return nil }
 	defer func() { retErr = errors.Join(retErr, stop()) }()
 	for i := 0; i < runs; i++ {
 		if cid == "" { // a fresh 1-vCPU VM
-			var err error
-			if cid, logPath, _, stop, err = vmPod(ctx, d, cl, h, fmt.Sprintf("resize-%d", i), testenv.ContainerOptions{
-				MemoryLimit: memLimit, CPUs: 1, Annotations: map[string]string{annotations.MaxVCPUs: "2",
+			pod, err := vmPod(ctx, podEnv{d: d, cl: cl, h: h}, fmt.Sprintf("resize-%d", i), testenv.ContainerOptions{
+				MemoryLimit: resizeMemLimit, CPUs: 1, Annotations: map[string]string{annotations.MaxVCPUs: "2",
 					annotations.MaxMemoryMiB: "512"},
-			}); err != nil {
+			})
+			if err != nil {
 				return res, err
 			}
+			cid, logPath, stop = pod.cid, pod.logPath, pod.stop
 			if _, err := waitCPUs(ctx, logPath, "0", bootTimeout); err != nil {
 				return res, err
 			}
 		}
-		start := time.Now()
-		if err := update(cid, 2, memLimit); err != nil {
-			return res, fmt.Errorf("UpdateContainerResources to 2 CPUs: %w", err)
+		update := func(cpus, mem int64) error {
+			_, err := cl.Runtime.UpdateContainerResources(ctx, &cri.UpdateContainerResourcesRequest{
+				ContainerId: cid,
+				Linux:       &cri.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: cpus * 100000, MemoryLimitInBytes: mem},
+			})
+			return err
 		}
-		if _, err := waitCPUs(ctx, logPath, "0-1", time.Minute); err != nil {
+		if err := s.measure(ctx, update, logPath); err != nil {
 			return res, err
-		}
-		grow = append(grow, float64(time.Since(start).Microseconds())/1000)
-		bootKB, err := strconv.Atoi(lastConsoleValue(logPath, "KVM-GUEST-MEMTOTAL "))
-		if err != nil {
-			return res, fmt.Errorf("guest MemTotal: %w", err)
-		}
-		for _, step := range []struct {
-			mem  int64
-			kB   int
-			into *[]float64
-		}{{2 * memLimit, bootKB + memLimit>>10, &memGrow}, {memLimit, bootKB, &memShrink}} {
-			start := time.Now()
-			if err := update(cid, 2, step.mem); err != nil {
-				return res, fmt.Errorf("UpdateContainerResources to %d MiB: %w", step.mem>>20, err)
-			}
-			if _, err := waitConsoleValue(ctx, logPath, "KVM-GUEST-MEMTOTAL ", strconv.Itoa(step.kB), time.Minute); err != nil {
-				return res, err
-			}
-			*step.into = append(*step.into, float64(time.Since(start).Microseconds())/1000)
-		}
-		for _, step := range []struct {
-			cpus   int64
-			online string
-			into   *[]float64
-		}{{1, "0", &shrink}, {2, "0-1", &online}} {
-			start := time.Now()
-			if err := update(cid, step.cpus, memLimit); err != nil {
-				return res, fmt.Errorf("UpdateContainerResources to %d CPUs: %w", step.cpus, err)
-			}
-			if _, err := waitCPUs(ctx, logPath, step.online, time.Minute); err != nil {
-				return res, err
-			}
-			*step.into = append(*step.into, float64(time.Since(start).Microseconds())/1000)
 		}
 		// The next run's 1 -> 2 is a plug again: a new VM.
 		if err := stop(); err != nil {
@@ -359,9 +339,65 @@ func measureResize(ctx context.Context, d *daemon, h cgroup.Hierarchies, runs in
 		}
 		cid, stop = "", func() error { return nil }
 	}
-	res.Grow, res.MemoryGrow, res.MemoryShrink = summarize(grow), summarize(memGrow), summarize(memShrink)
-	res.Shrink, res.Online = summarize(shrink), summarize(online)
+	res.Grow, res.MemoryGrow, res.MemoryShrink = summarize(s.grow), summarize(s.memGrow), summarize(s.memShrink)
+	res.Shrink, res.Online = summarize(s.shrink), summarize(s.online)
 	return res, nil
+}
+
+// resizeMemLimit is the resize benchmark's VM's memory limit at boot.
+const resizeMemLimit = 256 << 20
+
+// resizeSamples are the resize benchmark's times, in ms, of each step.
+type resizeSamples struct {
+	grow, memGrow, memShrink, shrink, online []float64
+}
+
+// measure times one run's steps on a fresh 1-vCPU VM whose console log
+// is logPath: 1 -> 2 CPUs, memory up and down, 2 -> 1 and 1 -> 2 CPUs;
+// update sets the container's CPUs and memory limit.
+func (s *resizeSamples) measure(ctx context.Context, update func(cpus, mem int64) error, logPath string) error {
+	const memLimit = resizeMemLimit
+	start := time.Now()
+	if err := update(2, memLimit); err != nil {
+		return fmt.Errorf("UpdateContainerResources to 2 CPUs: %w", err)
+	}
+	if _, err := waitCPUs(ctx, logPath, "0-1", time.Minute); err != nil {
+		return err
+	}
+	s.grow = append(s.grow, float64(time.Since(start).Microseconds())/1000)
+	bootKB, err := strconv.Atoi(lastConsoleValue(logPath, "KVM-GUEST-MEMTOTAL "))
+	if err != nil {
+		return fmt.Errorf("guest MemTotal: %w", err)
+	}
+	for _, step := range []struct {
+		mem  int64
+		kB   int
+		into *[]float64
+	}{{2 * memLimit, bootKB + memLimit>>10, &s.memGrow}, {memLimit, bootKB, &s.memShrink}} {
+		start := time.Now()
+		if err := update(2, step.mem); err != nil {
+			return fmt.Errorf("UpdateContainerResources to %d MiB: %w", step.mem>>20, err)
+		}
+		if _, err := waitConsoleValue(ctx, logPath, "KVM-GUEST-MEMTOTAL ", strconv.Itoa(step.kB), time.Minute); err != nil {
+			return err
+		}
+		*step.into = append(*step.into, float64(time.Since(start).Microseconds())/1000)
+	}
+	for _, step := range []struct {
+		cpus   int64
+		online string
+		into   *[]float64
+	}{{1, "0", &s.shrink}, {2, "0-1", &s.online}} {
+		start := time.Now()
+		if err := update(step.cpus, memLimit); err != nil {
+			return fmt.Errorf("UpdateContainerResources to %d CPUs: %w", step.cpus, err)
+		}
+		if _, err := waitCPUs(ctx, logPath, step.online, time.Minute); err != nil {
+			return err
+		}
+		*step.into = append(*step.into, float64(time.Since(start).Microseconds())/1000)
+	}
+	return nil
 }
 
 // waitCPUs waits until the guest's last KVM-GUEST-CPUS line is want.

@@ -183,19 +183,9 @@ func runVolumes(ctx context.Context, e *env) (_ *volumesResults, retErr error) {
 		return nil, err
 	}
 	defer func() { retErr = errors.Join(retErr, os.RemoveAll(dir)) }()
-	if err = os.Chmod(dir, 0o755); err != nil {
+	blockFile, share, err := writeVolumeFiles(dir, int64(res.MiB)<<20)
+	if err != nil {
 		return nil, err
-	}
-	span := int64(res.MiB) << 20
-	blockFile, share := filepath.Join(dir, "block"), filepath.Join(dir, "share")
-	if err = os.Mkdir(share, 0o755); err != nil {
-		return nil, err
-	}
-	// Written in full, so that no variant pays for allocating blocks.
-	for _, f := range []string{blockFile, filepath.Join(share, "kvm-guest-iobench.dat")} {
-		if writeFilledErr := writeFilled(f, span); writeFilledErr != nil {
-			return nil, writeFilledErr
-		}
 	}
 	// Direct I/O by default: a PVC's block device has no host page cache
 	// under cache=none. A buffered loop device charges the page cache of
@@ -220,43 +210,11 @@ func runVolumes(ctx context.Context, e *env) (_ *volumesResults, retErr error) {
 	b := &ioVariant{Key: "b", Label: "(b) the same loop device in a raw libvirt domain (go-libvirt; <disk type='block'> cache=none io=native)"}
 	c := &ioVariant{Key: "c", Label: "(c) virtiofs share of a host directory through CRI and the shim, a file in it"}
 	res.Variants = []*ioVariant{a, b, c}
-	var raw *rawVolumeVM
+	vb := &volBench{d: d, e: e, h: h, l: l, loop: loop, share: share, res: res}
 	for i := 0; i < res.VMs && ctx.Err() == nil; i++ {
 		logf("volumes: round %d/%d (%d MiB, %d random 4 KiB ops, %d runs per VM)", i+1, res.VMs, res.MiB, res.Ops, res.InnerRuns)
 		for _, v := range roundOrder(res.Variants, i) {
-			var out, target string
-			var cpu float64
-			var err error
-			switch v.Key {
-			case "a":
-				var got *rawVolumeVM
-				target = "disk:" + volumeSerial
-				out, cpu, got, err = volumePodRun(ctx, d, e, h, l, "volumes-a", i, res.iobenchArg(target), testenv.ContainerOptions{
-					Devices: []*cri.Device{{ContainerPath: volumeDevicePath, HostPath: loop, Permissions: "rwm"}},
-				}, raw == nil)
-				if got != nil {
-					raw = got
-				}
-			case "b":
-				if raw == nil {
-					err = errors.New("no kernel and initrd taken from an (a) VM")
-					break
-				}
-				target = "disk:" + volumeSerial
-				out, cpu, err = raw.run(ctx, l, h, e.rawDir, i, loop, res.iobenchArg(target))
-			case "c":
-				target = "dir:" + volumeSharePath
-				out, cpu, _, err = volumePodRun(ctx, d, e, h, l, "volumes-c", i, res.iobenchArg(target), testenv.ContainerOptions{
-					Mounts: []*cri.Mount{{ContainerPath: volumeSharePath, HostPath: share}},
-				}, false)
-			}
-			if err == nil {
-				err = v.addOutput(out, target, res.InnerRuns, i)
-			}
-			if err == nil {
-				v.CPUSeconds, v.CPURounds = append(v.CPUSeconds, cpu), append(v.CPURounds, i)
-			}
-			if err != nil {
+			if err := vb.runVariant(ctx, v, i); err != nil {
 				logf("volumes: %s round %d failed: %v", v.Key, i, err)
 				v.Failures = append(v.Failures, fmt.Sprintf("round %d: %v", i, err))
 				d.ForceCleanup(ctx)
@@ -264,6 +222,76 @@ func runVolumes(ctx context.Context, e *env) (_ *volumesResults, retErr error) {
 		}
 	}
 	return res, ctx.Err()
+}
+
+// writeVolumeFiles makes, in dir, the block volume's file and the share
+// with the benchmark's file in it, each size bytes written in full so
+// that no variant pays for allocating blocks.
+func writeVolumeFiles(dir string, size int64) (blockFile, share string, err error) {
+	if err = os.Chmod(dir, 0o755); err != nil {
+		return "", "", err
+	}
+	blockFile, share = filepath.Join(dir, "block"), filepath.Join(dir, "share")
+	if err = os.Mkdir(share, 0o755); err != nil {
+		return "", "", err
+	}
+	for _, f := range []string{blockFile, filepath.Join(share, "kvm-guest-iobench.dat")} {
+		if err = writeFilled(f, size); err != nil {
+			return "", "", err
+		}
+	}
+	return blockFile, share, nil
+}
+
+// volBench is what every round of the volumes benchmark uses: the
+// daemon, the environment, cgroups and libvirt, the loop device and the
+// share, the results, and the raw domain taken from the first (a) VM.
+type volBench struct {
+	d     *daemon
+	e     *env
+	h     cgroup.Hierarchies
+	l     *libvirt.Libvirt
+	loop  string // the block volume's loop device
+	share string // the shared directory
+	res   *volumesResults
+	raw   *rawVolumeVM
+}
+
+// runVariant runs variant v once in round i and records its figures.
+func (vb *volBench) runVariant(ctx context.Context, v *ioVariant, i int) error {
+	var out, target string
+	var cpu float64
+	var err error
+	switch v.Key {
+	case "a":
+		var got *rawVolumeVM
+		target = "disk:" + volumeSerial
+		out, cpu, got, err = vb.podRun(ctx, volPod{name: "volumes-a", i: i, iobench: vb.res.iobenchArg(target), o: testenv.ContainerOptions{
+			Devices: []*cri.Device{{ContainerPath: volumeDevicePath, HostPath: vb.loop, Permissions: "rwm"}},
+		}, capture: vb.raw == nil})
+		if got != nil {
+			vb.raw = got
+		}
+	case "b":
+		if vb.raw == nil {
+			return errors.New("no kernel and initrd taken from an (a) VM")
+		}
+		target = "disk:" + volumeSerial
+		out, cpu, err = vb.raw.run(ctx, vb, i, vb.res.iobenchArg(target))
+	case "c":
+		target = "dir:" + volumeSharePath
+		out, cpu, _, err = vb.podRun(ctx, volPod{name: "volumes-c", i: i, iobench: vb.res.iobenchArg(target), o: testenv.ContainerOptions{
+			Mounts: []*cri.Mount{{ContainerPath: volumeSharePath, HostPath: vb.share}},
+		}})
+	}
+	if err != nil {
+		return err
+	}
+	if err = v.addOutput(out, target, vb.res.InnerRuns, i); err != nil {
+		return err
+	}
+	v.CPUSeconds, v.CPURounds = append(v.CPUSeconds, cpu), append(v.CPURounds, i)
+	return nil
 }
 
 // roundOrder is the order the variants run in round i: as listed in even
@@ -300,29 +328,42 @@ func writeFilled(path string, size int64) error {
 	return f.Close()
 }
 
-// volumePodRun runs a VM pod with the volumes in o whose guest runs the
+// volPod is one VM pod of the volumes benchmark: its name and round, the
+// guest's kvm-guest.iobench= argument, the volumes in o, and whether to
+// capture what a raw domain needs to boot the same guest.
+type volPod struct {
+	name    string
+	i       int
+	iobench string
+	o       testenv.ContainerOptions
+	capture bool
+}
+
+// podRun runs a VM pod with the volumes in p.o whose guest runs the
 // storage benchmark, waits for its figures and removes the pod. With
-// capture, it also returns what a raw domain needs to boot the same guest.
-func volumePodRun(ctx context.Context, d *daemon, e *env, h cgroup.Hierarchies, l *libvirt.Libvirt, name string, i int, iobench string,
-	o testenv.ContainerOptions, capture bool) (out string, cpu float64, raw *rawVolumeVM, retErr error) {
+// p.capture, it also returns what a raw domain needs to boot the same
+// guest.
+func (vb *volBench) podRun(ctx context.Context, p volPod) (out string, cpu float64, raw *rawVolumeVM, retErr error) {
+	d, e := vb.d, vb.e
 	cl, err := d.DialCRI()
 	if err != nil {
 		return "", 0, nil, err
 	}
 	defer cl.Close()
+	o := p.o
 	o.MemoryLimit = int64(e.cfg.memoryMiB) << 20
-	o.Annotations = map[string]string{annotations.KernelCmdline: volumeCmdline + iobench}
-	_, logPath, g, stop, err := vmPod(ctx, d, cl, h, fmt.Sprintf("%s-%d", name, i), o)
+	o.Annotations = map[string]string{annotations.KernelCmdline: volumeCmdline + p.iobench}
+	pod, err := vmPod(ctx, podEnv{d: d, cl: cl, h: vb.h}, fmt.Sprintf("%s-%d", p.name, p.i), o)
 	if err != nil {
 		return "", 0, nil, err
 	}
-	defer func() { retErr = errors.Join(retErr, stop()) }()
-	if capture {
-		if raw, err = captureRawVolumeVM(l, d, e.rawDir); err != nil {
+	defer func() { retErr = errors.Join(retErr, pod.stop()) }()
+	if p.capture {
+		if raw, err = captureRawVolumeVM(vb.l, d, e.rawDir); err != nil {
 			return "", 0, nil, fmt.Errorf("take the shim VM's kernel, initrd and size: %w", err)
 		}
 	}
-	out, cpu, err = waitIO(ctx, func() string { return logPath }, g)
+	out, cpu, err = waitIO(ctx, func() string { return pod.logPath }, pod.g)
 	return out, cpu, raw, err
 }
 

@@ -11,8 +11,6 @@ import (
 
 	"github.com/digitalocean/go-libvirt"
 	"libvirt.org/go/libvirtxml"
-
-	"github.com/kvm-shim/containerd-shim-kvm-v1/cgroup"
 )
 
 // The volumes section's variant (b): the shim's VM, copied into a raw
@@ -131,10 +129,13 @@ func (vm *rawVolumeVM) domainXML(name, uuid, dev, consoleLog, cmdline string) ([
 // libvirt leaves the cpu controller alone, so QEMU would otherwise stay in
 // the root cpu cgroup, where each of its threads weighs as much as a whole
 // pod group when other users load the cores.
-func (vm *rawVolumeVM) run(ctx context.Context, l *libvirt.Libvirt, h cgroup.Hierarchies, rawDir string, i int, dev,
-	iobench string) (_ string, _ float64, retErr error) {
+//
+// It runs in round i on vb's loop device, with iobench as the guest's
+// kvm-guest.iobench= argument.
+func (vm *rawVolumeVM) run(ctx context.Context, vb *volBench, i int, iobench string) (_ string, _ float64, retErr error) {
+	l, h, dev := vb.l, vb.h, vb.loop
 	name := fmt.Sprintf("kvmbench-vol-%d-%d", os.Getpid(), i)
-	runDir := filepath.Join(rawDir, fmt.Sprintf("volumes-run-%d", i))
+	runDir := filepath.Join(vb.e.rawDir, fmt.Sprintf("volumes-run-%d", i))
 	if err := os.MkdirAll(runDir, 0o755); err != nil {
 		return "", 0, err
 	}

@@ -102,11 +102,15 @@ func run(arg string) error {
 		if err != nil {
 			return fmt.Errorf("sequential read: %w", err)
 		}
-		rw, err := timed(func() error { return randIO(f, buf[:randBlock], size, p.ops, int64(i), true, direct) })
+		rw, err := timed(func() error {
+			return randIO(f, buf[:randBlock], randPass{size: size, ops: p.ops, seed: int64(i), write: true, direct: direct})
+		})
 		if err != nil {
 			return fmt.Errorf("random write: %w", err)
 		}
-		rr, err := timed(func() error { return randIO(f, buf[:randBlock], size, p.ops, int64(i), false, direct) })
+		rr, err := timed(func() error {
+			return randIO(f, buf[:randBlock], randPass{size: size, ops: p.ops, seed: int64(i), direct: direct})
+		})
 		if err != nil {
 			return fmt.Errorf("random read: %w", err)
 		}
@@ -180,9 +184,19 @@ func seqRead(f *os.File, buf []byte, size int64, direct bool) error {
 	return nil
 }
 
-// randIO does ops 4 KiB reads or writes at block-aligned offsets below
-// size, the same offsets for the same seed.
-func randIO(f *os.File, buf []byte, size int64, ops int, seed int64, write, direct bool) error {
+// randPass is one pass of random I/O: ops 4 KiB reads or writes (write)
+// at block-aligned offsets below size, the same offsets for the same
+// seed; direct: the file is open with O_DIRECT.
+type randPass struct {
+	size          int64
+	ops           int
+	seed          int64
+	write, direct bool
+}
+
+// randIO does the pass p on f with buf.
+func randIO(f *os.File, buf []byte, p randPass) error {
+	size, ops, seed, write, direct := p.size, p.ops, p.seed, p.write, p.direct
 	if !write {
 		if err := dropCaches(direct); err != nil {
 			return err

@@ -1,4 +1,4 @@
-package shim
+package check
 
 import (
 	"strings"
