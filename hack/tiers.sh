@@ -10,8 +10,8 @@
 # Kubernetes (`hack/k8s/build.sh`, e2e): about 30 minutes one after
 # another. The tiers before their users mostly wait on TCG guests and
 # debootstrap, so the builds start at once, niced, one after another in a
-# lane of their own (the one needed first first), and a tier that needs one
-# waits for it; a failed build fails that tier with the build's log. Each
+# lane of their own (BG_JOBS), and a tier that needs one waits for it; a
+# failed build fails that tier with the end of the build's log. Each
 # build is idempotent and does nothing when its product is in place, and
 # each tier still builds what it needs when run alone (`make e2e`). While
 # the containerd 2.x build is pending, the other tiers run with
@@ -26,10 +26,12 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # BG_JOBS: the background builds, in the lane's order, as name:tiers.
+# Kubernetes before golangci-lint: e2e, the last tier, cannot be put off,
+# while lint can, to the end of the run.
 BG_JOBS=(
 	"containerd2:deb-test integration e2e"
-	"golangci-lint:lint"
 	"k8s:e2e"
+	"golangci-lint:lint"
 )
 # DEFERRABLE: tiers no later tier needs, which may wait for their build
 # behind the next tier instead of stopping the run.
