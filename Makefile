@@ -102,10 +102,12 @@ demo-test: setup build guest-images ## Drive `make demo` in a real terminal (tmu
 	$(GO) test -tags demo -count=1 -json -timeout 20m ./integration/demo/ | $(REPORT)
 
 # The tiers of `make test`, in order; hack/tiers.sh runs each as its own
-# make and prints every tier's time at the end, also when one failed.
+# make and prints every tier's time at the end, also when one failed. It
+# builds containerd 2.x, golangci-lint and Kubernetes in the background,
+# niced, from the start, and each tier that needs one waits for it.
 TEST_TIERS ?= lint setup build images unit deb-test demo-test integration e2e
 
-test: ## Lint, set up the host, then run the unit, package, demo, integration and e2e tests; prints each tier's time
+test: ## Lint, set up the host, then run the unit, package, demo, integration and e2e tests (slow builds in the background); prints each tier's time
 	hack/tiers.sh $(TEST_TIERS)
 
 demo: setup-demo install guest-images ## Set up, install, start containerd and boot the demo VM with its console here
