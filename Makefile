@@ -33,7 +33,7 @@ GOLANGCI_LINT_VERSION ?= v2.15.0
 GOLANGCI_LINT_DIR     ?= /usr/local/lib/kvm-shim/golangci-lint-$(GOLANGCI_LINT_VERSION)
 GOLANGCI_LINT         := $(GOLANGCI_LINT_DIR)/golangci-lint
 
-.PHONY: help build install setup setup-demo images guest-images k8s lint unit fuzz deb deb-test deploy-image demo-test integration soak e2e test demo bench bench-net bench-numa clean
+.PHONY: help build install setup setup-demo images guest-images k8s lint lint-tool unit fuzz deb deb-test deploy-image demo-test integration soak e2e test demo bench bench-net bench-numa clean
 
 help: ## Show this help
 	@awk 'BEGIN{FS=":.*## "} /^[a-z0-9-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -60,6 +60,8 @@ guest-images: ## Build the small busybox guest images only (what the demo boots)
 
 $(GOLANGCI_LINT):
 	GOBIN=$(GOLANGCI_LINT_DIR) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+
+lint-tool: $(GOLANGCI_LINT) # the linter only (make test builds it in the background)
 
 lint: $(GOLANGCI_LINT) ## Run golangci-lint (.golangci.yml, all build tags; installs the pinned version on first use)
 	$(GOLANGCI_LINT) run --allow-serial-runners ./...
@@ -100,10 +102,12 @@ demo-test: setup build guest-images ## Drive `make demo` in a real terminal (tmu
 	$(GO) test -tags demo -count=1 -json -timeout 20m ./integration/demo/ | $(REPORT)
 
 # The tiers of `make test`, in order; hack/tiers.sh runs each as its own
-# make and prints every tier's time at the end, also when one failed.
+# make and prints every tier's time at the end, also when one failed. It
+# builds containerd 2.x, golangci-lint and Kubernetes in the background,
+# niced, from the start, and each tier that needs one waits for it.
 TEST_TIERS ?= lint setup build images unit deb-test demo-test integration e2e
 
-test: ## Lint, set up the host, then run the unit, package, demo, integration and e2e tests; prints each tier's time
+test: ## Lint, set up the host, then run the unit, package, demo, integration and e2e tests (slow builds in the background); prints each tier's time
 	hack/tiers.sh $(TEST_TIERS)
 
 demo: setup-demo install guest-images ## Set up, install, start containerd and boot the demo VM with its console here

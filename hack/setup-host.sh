@@ -14,6 +14,9 @@
 #                       Debian's 1.6 only); default 1
 #   LIBVIRT_URI         libvirt URI to check (default qemu:///system)
 #
+# `hack/setup-host.sh containerd2` builds containerd 2.x only (make test
+# starts it in the background, hack/tiers.sh): nothing but Go is needed.
+#
 # containerd itself is not started: the integration tests run their own
 # private instances.
 set -euo pipefail
@@ -228,6 +231,10 @@ build_containerd2() {
 		"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD2_VERSION")
 }
 
+if [ "${1:-}" = containerd2 ]; then
+	build_containerd2
+	exit 0
+fi
 install_packages
 mount_hugetlb_cgroup
 share_netns_dir

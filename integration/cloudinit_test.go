@@ -22,9 +22,16 @@ import (
 // boot at once on a busy host).
 const cloudBootTimeout = 10 * time.Minute
 
-// cloudBootsAtOnce is how many cloud guests TestCRICloudInit boots at once:
-// under TCG each vCPU takes a host core, and CI hosts have two.
+// cloudBootsAtOnce is how many cloud guests TestCRICloudInit boots at once,
+// all flavours together (cloudBootSlots): under TCG each vCPU takes a host
+// core, and CI hosts have two.
 const cloudBootsAtOnce = 2
+
+// cloudBootSlots is TestCRICloudInit's pool of boots, shared by its
+// flavours, which run at once (forEachFlavourAtOnce): while one flavour
+// makes or removes its pods one after another, or has a single guest left,
+// the other's guests use the cores.
+var cloudBootSlots = make(chan struct{}, cloudBootsAtOnce)
 
 // cloudPod is one pod of TestCRICloudInit: the suite's bridge network
 // (shape nil) or one of cniShapes.
@@ -88,13 +95,16 @@ func cloudShapeOnFlavour(i, k, n int) bool {
 // the emptyDir seen on the host, a raw block volume at
 // /dev/disk/by-id/virtio-<serial>. systemd powers each guest off on the
 // ACPI button (exit code 0) and nothing is left once the pods are gone.
+// The bridge pod's guest also answers ExecSync through the image's own
+// qemu-guest-agent service (started by udev and systemd), which had a
+// test and a cloud boot of its own before (TestCRIExecCloud).
 //
 // CRI sets a pod's network up in RunPodSandbox and tears it down in
 // StopPodSandbox with the CNI configuration loaded at that moment, and it
 // loads one network at a time: the pods are made one after another, each
 // with its shape's network loaded, the guests then boot in parallel, and
 // the pods are removed one after another, each with its network loaded
-// again.
+// again. The flavours run at once, their boots drawn from cloudBootSlots.
 func TestCRICloudInit(t *testing.T) {
 	s := requireCloudImage(t)
 	if s.cniErr != nil {
@@ -102,7 +112,7 @@ func TestCRICloudInit(t *testing.T) {
 	}
 	userData := func(ht hostTargets) string { return cloudShapeUserData(t, s.repo, ht) }
 	key := testSSHKey(t)
-	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
+	s.forEachFlavourAtOnce(t, func(t *testing.T, c *containerd) {
 		c.cleanupAfter(t)
 		cl := c.cri(t)
 		k := c.flavourIndex()
@@ -151,14 +161,13 @@ func TestCRICloudInit(t *testing.T) {
 		var shims []shimID
 		var guests []*podContainer
 		t.Run("guests", func(t *testing.T) {
-			slots := make(chan struct{}, cloudBootsAtOnce)
 			for _, cp := range pods {
 				v := &podContainer{pod: cp.p}
 				guests = append(guests, v)
 				t.Run(cp.name(), func(t *testing.T) {
 					t.Parallel()
-					slots <- struct{}{}
-					defer func() { <-slots }()
+					cloudBootSlots <- struct{}{}
+					defer func() { <-cloudBootSlots }()
 					c.checkCloudPod(t, cl, cp, v, ht, key)
 				})
 			}
@@ -255,6 +264,9 @@ func (c *containerd) checkCloudPod(t *testing.T, cl *criClient, cp *cloudPod, v 
 	if checkVolumes != nil {
 		checkVolumes(got)
 	}
+	if cp.shape == nil {
+		checkCloudExec(t, cl, v.cid)
+	}
 	// systemd powers the guest off on the ACPI button.
 	stopCtx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -266,6 +278,22 @@ func (c *containerd) checkCloudPod(t *testing.T, cl *criClient, cp *cloudPod, v 
 	}
 	if err := waitNetnsClean(netns); err != nil {
 		t.Error(err)
+	}
+}
+
+// checkCloudExec: the Debian cloud image's own qemu-guest-agent service
+// (started by udev and systemd) answers ExecSync, with the command's
+// output and exit code.
+func checkCloudExec(t *testing.T, cl *criClient, cid string) {
+	t.Helper()
+	cl.waitAgentCRI(t, cid, cloudBootTimeout)
+	r, err := cl.execSync(cid, 30, "systemctl", "is-active", "qemu-guest-agent")
+	if err != nil || r.ExitCode != 0 || strings.TrimSpace(string(r.Stdout)) != "active" {
+		t.Errorf("qemu-guest-agent service: %v %v", r, err)
+	}
+	r, err = cl.execSync(cid, 30, "sh", "-c", ". /etc/os-release; echo $VERSION_CODENAME; exit 4")
+	if err != nil || r.ExitCode != 4 || strings.TrimSpace(string(r.Stdout)) != "bookworm" {
+		t.Errorf("ExecSync in the cloud guest: %v %v", r, err)
 	}
 }
 
@@ -348,15 +376,6 @@ func requireCloudImage(t *testing.T) *testSuite {
 		t.Skip("cloud image not built (hack/cloudimage/build.sh)")
 	}
 	return s
-}
-
-// startCloudVM creates and starts a container of the cloud image (1 GiB of
-// memory: cloud-init and systemd need it) in pod p.
-func (cl *criClient) startCloudVM(t *testing.T, p *pod, ref string) *podContainer {
-	t.Helper()
-	cfg := containerConfig("vm", ref, nil)
-	cfg.Linux.Resources.MemoryLimitInBytes = 1 << 30
-	return cl.startContainerIn(t, p, cfg)
 }
 
 // cloudConsole collects the KVM-CLOUD-* lines of the CRI log: key → values.

@@ -19,8 +19,23 @@ import (
 // criTimeout bounds one CRI call; StopContainer adds its own grace period.
 const criTimeout = 2 * time.Minute
 
-// criPodNamespace is the Kubernetes namespace of every pod the suite makes.
+// criPodNamespace is the Kubernetes namespace of the pods the suite makes
+// on its first containerd; podNamespace names the others'.
 const criPodNamespace = "kvm-it"
+
+// podNamespace is the Kubernetes namespace of this containerd's pods:
+// criPodNamespace for the first flavour, criPodNamespace<k> for the
+// flavour with index k. The domains of a pod are named after it
+// (kvm-<namespace>-...), and isOwnDomain tells a flavour's own traces (host
+// ids, NUMA reservations, descriptor sockets) by that prefix: with one
+// namespace for all, a flavour's leftover check would count the VMs of
+// another that runs at the same time (forEachFlavourAtOnce).
+func (c *containerd) podNamespace() string {
+	if k := c.flavourIndex(); k > 0 {
+		return fmt.Sprintf("%s%d", criPodNamespace, k)
+	}
+	return criPodNamespace
+}
 
 // criClient talks CRI to one private containerd, as kubelet would; the
 // suite's calls return CRI's own gRPC errors, whose codes tests check.
@@ -79,7 +94,7 @@ func (c *containerd) runPodFull(t *testing.T, cl *criClient, name, handler strin
 		t.Fatal(err)
 	}
 	cfg := &cri.PodSandboxConfig{
-		Metadata:     &cri.PodSandboxMetadata{Name: name, Namespace: criPodNamespace, Uid: uid},
+		Metadata:     &cri.PodSandboxMetadata{Name: name, Namespace: c.podNamespace(), Uid: uid},
 		Hostname:     name,
 		LogDirectory: logDir,
 		Labels:       map[string]string{"app": name},

@@ -26,7 +26,7 @@ import (
 func TestFaultRunning(t *testing.T) {
 	s := requireKVM(t, "bios", "pause")
 	image := s.images["bios"].ref
-	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
+	s.forEachFlavourAtOnce(t, func(t *testing.T, c *containerd) {
 		cells := append(daemonFaults(c), daemonFault{"qemu", func(t *testing.T, v *podContainer) {
 			dom := c.podDomain(t, v)
 			procs := domainProcesses(dom)
@@ -39,6 +39,7 @@ func TestFaultRunning(t *testing.T) {
 		}})
 		for _, cell := range cells {
 			t.Run(cell.component, func(t *testing.T) {
+				s.holdHost(t, cell.component)
 				c.cleanupAfter(t)
 				cl := c.cri(t)
 				v := c.startPodVM(t, cl, "vm-fault-"+cell.component, image)
@@ -114,9 +115,10 @@ func daemonFaults(c *containerd) []daemonFault {
 func TestFaultBetweenCalls(t *testing.T) {
 	s := requireKVM(t, "bios", "pause")
 	image := s.images["bios"].ref
-	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
+	s.forEachFlavourAtOnce(t, func(t *testing.T, c *containerd) {
 		for _, cell := range daemonFaults(c) {
 			t.Run("created/"+cell.component, func(t *testing.T) {
+				s.holdHost(t, cell.component)
 				c.cleanupAfter(t)
 				cl := c.cri(t)
 				p := c.runPod(t, cl, "vm-created-"+cell.component, "kvm", nil)
@@ -142,6 +144,7 @@ func TestFaultBetweenCalls(t *testing.T) {
 				assertNothingLeft(t, c, v.shimIDs()...)
 			})
 			t.Run("stopped/"+cell.component, func(t *testing.T) {
+				s.holdHost(t, cell.component)
 				c.cleanupAfter(t)
 				cl := c.cri(t)
 				v := c.startPodVM(t, cl, "vm-stopped-"+cell.component, image)
@@ -158,6 +161,7 @@ func TestFaultBetweenCalls(t *testing.T) {
 			})
 		}
 		t.Run("created/shim", func(t *testing.T) {
+			s.holdHost(t, "shim")
 			c.cleanupAfter(t)
 			cl := c.cri(t)
 			p := c.runPod(t, cl, "vm-created-shim", "kvm", nil)
@@ -177,6 +181,7 @@ func TestFaultBetweenCalls(t *testing.T) {
 			assertNothingLeft(t, c, shimID{nsCRI, p.id}, shimID{nsCRI, cid}, shimID{nsCRI, again.id})
 		})
 		t.Run("stopped/shim", func(t *testing.T) {
+			s.holdHost(t, "shim")
 			c.cleanupAfter(t)
 			cl := c.cri(t)
 			v := c.startPodVM(t, cl, "vm-stopped-shim", image)
@@ -257,7 +262,7 @@ func (cl *criClient) waitSandboxState(t *testing.T, p *pod, state cri.PodSandbox
 func TestFaultStopInFlight(t *testing.T) {
 	s := requireKVM(t, "bios", "pause")
 	image := s.images["bios"].ref
-	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
+	s.forEachFlavourAtOnce(t, func(t *testing.T, c *containerd) {
 		var cells []inFlightCell
 		for _, d := range daemonFaults(c) {
 			kill := d.kill
@@ -270,6 +275,7 @@ func TestFaultStopInFlight(t *testing.T) {
 			inFlightCell{phase: "stopping", step: faultpoint.Stopping, component: "qemu", kill: killQEMUHeld(c)})
 		for _, cell := range cells {
 			t.Run(cell.component, func(t *testing.T) {
+				s.holdHost(t, cell.component)
 				c.cleanupAfter(t)
 				if cell.step != "" {
 					s.useFaultShim(t)

@@ -42,9 +42,10 @@ func TestFaultInFlight(t *testing.T) {
 	s := requireKVM(t, "kernel", "pause")
 	image := s.images["kernel"].ref
 	s.useFaultShim(t)
-	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
+	s.forEachFlavourAtOnce(t, func(t *testing.T, c *containerd) {
 		for _, cell := range inFlightCells(c) {
 			t.Run(cell.phase+"/"+cell.component, func(t *testing.T) {
+				s.holdHost(t, cell.component)
 				c.cleanupAfter(t)
 				start := time.Now()
 				if cell.phase == "deleting" {
@@ -401,11 +402,17 @@ var faultShim struct {
 	once       sync.Once
 	path, prod string
 	err        error
+
+	mu    sync.Mutex
+	users int // tests that want it in place now; guarded by mu
 }
 
 // useFaultShim puts the fault-injection build of the shim where the
 // suite's containerds find theirs for the rest of t, and the suite's own
-// back after it. A shim already running keeps its binary.
+// back after the last test that wanted it (the flavours of a test run at
+// once, forEachFlavourAtOnce: one flavour's cell must not put the suite's
+// shim back under the other's). A shim already running keeps its binary;
+// without a hold file the fault-injection build behaves as the suite's.
 func (s *testSuite) useFaultShim(t *testing.T) {
 	t.Helper()
 	if s.shimErr != nil {
@@ -426,8 +433,19 @@ func (s *testSuite) useFaultShim(t *testing.T) {
 	if faultShim.err != nil {
 		t.Fatalf("the fault-injection shim: %v", faultShim.err)
 	}
-	installShim(t, faultShim.path, installed)
-	t.Cleanup(func() { installShim(t, faultShim.prod, installed) })
+	faultShim.mu.Lock()
+	defer faultShim.mu.Unlock()
+	if faultShim.users == 0 {
+		installShim(t, faultShim.path, installed)
+	}
+	faultShim.users++
+	t.Cleanup(func() {
+		faultShim.mu.Lock()
+		defer faultShim.mu.Unlock()
+		if faultShim.users--; faultShim.users == 0 {
+			installShim(t, faultShim.prod, installed)
+		}
+	})
 }
 
 // installShim replaces the binary at dst by src, atomically: a shim

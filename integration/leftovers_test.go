@@ -197,15 +197,15 @@ func (c *containerd) noteDomains(names ...string) {
 }
 
 // isOwnDomain tells, by its name alone, whether a domain that may be gone
-// was this containerd's: one it was seen to own, one of a pod in the
-// suite's CRI namespace (kvm-<pod namespace>-...), or one of a container
-// among ids (kvm-<namespace>-<id>-<hash>, shim/naming.go). Other people's
-// VMs on this host leave traces in the same places; they are not ours to
-// judge.
+// was this containerd's: one it was seen to own, one of a pod in this
+// flavour's CRI pod namespace (kvm-<pod namespace>-..., podNamespace), or
+// one of a container among ids (kvm-<namespace>-<id>-<hash>,
+// shim/naming.go). Other people's VMs on this host, and the other
+// flavours', leave traces in the same places; they are not ours to judge.
 func (c *containerd) isOwnDomain(domain string, ids []shimID) bool {
 	c.seenMu.Lock()
 	defer c.seenMu.Unlock()
-	own := c.seenDomains[domain] || strings.HasPrefix(domain, "kvm-"+criPodNamespace+"-")
+	own := c.seenDomains[domain] || strings.HasPrefix(domain, "kvm-"+c.podNamespace()+"-")
 	for _, id := range ids {
 		own = own || strings.HasPrefix(domain, "kvm-"+id.ns+"-"+id.id+"-")
 	}

@@ -65,7 +65,7 @@ func TestLibvirtdShimChurn(t *testing.T) {
 
 		for _, end := range []string{"delete", "SIGKILL"} {
 			start := time.Now()
-			pods, uids := runChurnPods(t, cl, end)
+			pods, uids := runChurnPods(t, c, cl, end)
 			shims := waitShimsConnected(t, c, len(pods))
 			created := time.Since(start)
 
@@ -100,7 +100,7 @@ func TestLibvirtdShimChurn(t *testing.T) {
 
 // runChurnPods runs churnPods kvm pod sandboxes at once and returns their
 // ids and pod uids.
-func runChurnPods(t *testing.T, cl *criClient, round string) (ids, uids []string) {
+func runChurnPods(t *testing.T, c *containerd, cl *criClient, round string) (ids, uids []string) {
 	t.Helper()
 	made := make([]string, churnPods)
 	errs := make([]error, churnPods)
@@ -112,7 +112,7 @@ func runChurnPods(t *testing.T, cl *criClient, round string) (ids, uids []string
 			ctx, cancel := criCtx()
 			defer cancel()
 			name := fmt.Sprintf("churn-%s-%02d", strings.ToLower(round), i)
-			p, err := cl.RunPod(ctx, testenv.PodOptions{Name: name, Namespace: criPodNamespace, Handler: "kvm", HostNetwork: true})
+			p, err := cl.RunPod(ctx, testenv.PodOptions{Name: name, Namespace: c.podNamespace(), Handler: "kvm", HostNetwork: true})
 			if err != nil {
 				errs[i] = err
 				return
@@ -124,7 +124,7 @@ func runChurnPods(t *testing.T, cl *criClient, round string) (ids, uids []string
 	for i, id := range made {
 		if id != "" {
 			ids = append(ids, id)
-			uids = append(uids, fmt.Sprintf("%s-churn-%s-%02d", criPodNamespace, strings.ToLower(round), i))
+			uids = append(uids, fmt.Sprintf("%s-churn-%s-%02d", c.podNamespace(), strings.ToLower(round), i))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {

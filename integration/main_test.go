@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
@@ -44,6 +45,12 @@ type testSuite struct {
 	cniErr    error
 
 	flavours []*containerd
+
+	// hostDaemons is held by each cell of a test whose flavours run at
+	// once (forEachFlavourAtOnce) that may meet a host daemon's fault:
+	// shared by a cell that kills nothing of the host, exclusively by one
+	// that kills libvirtd or virtlogd, which every flavour's VMs use.
+	hostDaemons sync.RWMutex
 }
 
 func TestMain(m *testing.M) {
@@ -248,6 +255,41 @@ func (s *testSuite) forEachFlavour(t *testing.T, f func(t *testing.T, c *contain
 			f(t, c)
 		})
 	}
+}
+
+// forEachFlavourAtOnce is forEachFlavour with the flavours' subtests run
+// at the same time (t.Parallel): most of a case's time is spent waiting
+// on a guest under TCG, and each flavour has its own containerd, shim
+// state_dir, CNI network, NUMA state file and CRI pod namespace
+// (podNamespace), so each leftover check judges its own flavour only. What
+// the flavours do share is the host: libvirtd and virtlogd (a cell that
+// kills one takes hostDaemons with holdHost), the suite's shim binary
+// (useFaultShim counts its users) and the cores. The subtests start when
+// the calling test function returns: call it last.
+func (s *testSuite) forEachFlavourAtOnce(t *testing.T, f func(t *testing.T, c *containerd)) {
+	t.Helper()
+	for _, c := range s.flavours {
+		t.Run(c.Flavour.Name, func(t *testing.T) {
+			t.Parallel()
+			c.watch(t)
+			f(t, c)
+		})
+	}
+}
+
+// holdHost takes hostDaemons for the rest of t: exclusively when the cell
+// kills component and that is a daemon of the host's (libvirtd,
+// virtlogd), shared otherwise. The lock is released after t's other
+// cleanups (registered later, run earlier), which bring a daemon back.
+func (s *testSuite) holdHost(t *testing.T, component string) {
+	t.Helper()
+	if component == "libvirtd" || component == "virtlogd" {
+		s.hostDaemons.Lock()
+		t.Cleanup(s.hostDaemons.Unlock)
+		return
+	}
+	s.hostDaemons.RLock()
+	t.Cleanup(s.hostDaemons.RUnlock)
 }
 
 func envOr(key, def string) string {

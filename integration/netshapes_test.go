@@ -303,13 +303,15 @@ func probeTo(ip, target string, port int) (string, error) {
 // gateways and reaches the host through its default routes. In the Calico
 // pod, the network's bad inputs are refused first, leaving nothing. Nothing
 // is left once the pods are gone. TestCRICloudInit boots the Debian cloud
-// image in the same shapes, each on one flavour.
+// image in the same shapes, each on one flavour. The flavours run at once:
+// each makes its shapes' networks, host links and host targets with its
+// own index k.
 func TestCRINetworkShapes(t *testing.T) {
 	s := requireKVM(t, "kernel", "pause")
 	if s.cniErr != nil {
 		t.Fatal(s.cniErr)
 	}
-	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
+	s.forEachFlavourAtOnce(t, func(t *testing.T, c *containerd) {
 		c.cleanupAfter(t)
 		cl := c.cri(t)
 		k := c.flavourIndex()

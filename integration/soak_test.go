@@ -253,7 +253,7 @@ func (sk *soak) startPod(n, i int) (*soakPod, error) {
 	defer cancel()
 	name := soakPodName(n, i)
 	p, err := sk.cl.RunPod(ctx, testenv.PodOptions{
-		Name: name, Namespace: criPodNamespace, Handler: "kvm", Annotations: soakAnnotations,
+		Name: name, Namespace: sk.c.podNamespace(), Handler: "kvm", Annotations: soakAnnotations,
 		UID: fmt.Sprintf("%s-%d", name, time.Now().UnixNano()),
 	})
 	if err != nil {
