@@ -12,6 +12,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/config"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 )
 
@@ -24,7 +25,7 @@ import (
 //
 // Properties: no panic; a refusal is InvalidArgument and names the
 // annotation it refuses; what is accepted is within the config's limits
-// (vCPUs 1..max_vcpus, memory minMemoryMiB..max_memory_mib, max-vcpus
+// (vCPUs 1..max_vcpus, memory config.MinMemoryMiB..max_memory_mib, max-vcpus
 // between the VM's vCPUs and max_vcpus and never above vCPUs when
 // dedicated, a command line of one line within the kernel's size, a known
 // NUMA mode, disk-images of clean absolute paths and positive sizes).
@@ -48,7 +49,7 @@ func FuzzPodAnnotations(f *testing.F) {
 			}
 		}
 		spec := &specs.Spec{Annotations: ann}
-		cfg := DefaultConfig()
+		cfg := config.Default()
 		refused := func(err error, annotation string) {
 			t.Helper()
 			if !errors.Is(err, errdefs.ErrInvalidArgument) {
@@ -71,7 +72,7 @@ func FuzzPodAnnotations(f *testing.F) {
 			default:
 				t.Fatalf("vmSize refused without a sizing annotation: %v", err)
 			}
-		} else if vcpus < 1 || vcpus > cfg.MaxVCPUs || memoryMiB < minMemoryMiB || memoryMiB > cfg.MaxMemoryMiB {
+		} else if vcpus < 1 || vcpus > cfg.MaxVCPUs || memoryMiB < config.MinMemoryMiB || memoryMiB > cfg.MaxMemoryMiB {
 			t.Fatalf("vmSize accepted %d vCPUs, %d MiB", vcpus, memoryMiB)
 		}
 		if err != nil {

@@ -10,6 +10,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/config"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 )
 
@@ -21,7 +22,7 @@ const memoryPlugTimeout = 20 * time.Second
 // hotplugMaxMemoryMiB is the most memory a VM of memMiB may have live: the
 // annotation, else the config's hotplug_max_memory_mib, never below
 // memMiB. A dedicated VM's reservation cannot change live.
-func hotplugMaxMemoryMiB(spec *specs.Spec, cfg Config, memMiB int, mode numa.Mode) (int, error) {
+func hotplugMaxMemoryMiB(spec *specs.Spec, cfg config.Config, memMiB int, mode numa.Mode) (int, error) {
 	return hotplugMax(spec, hotplugLimit{annotations.MaxMemoryMiB, "MiB", "max_memory_mib", cfg.MaxMemoryMiB, cfg.HotplugMaxMemoryMiB}, memMiB,
 		mode)
 }

@@ -9,6 +9,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/config"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 )
 
@@ -18,7 +19,7 @@ func memResources(mib int64) *specs.LinuxResources {
 }
 
 func TestHotplugMaxMemoryMiB(t *testing.T) {
-	cfg := DefaultConfig() // hotplug_max_memory_mib 0, max_memory_mib 256 GiB
+	cfg := config.Default() // hotplug_max_memory_mib 0, max_memory_mib 256 GiB
 	for _, c := range []struct {
 		ann  string
 		mem  int

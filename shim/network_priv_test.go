@@ -11,6 +11,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/config"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
@@ -69,7 +70,7 @@ func leftIn(t *testing.T, netns string) string {
 }
 
 func testNetHost(t *testing.T) *host {
-	return &host{cfg: Config{MaxNetQueues: 2, VNetHdr: true, QEMUBinary: "/usr/bin/qemu-system-x86_64"},
+	return &host{cfg: config.Config{MaxNetQueues: 2, VNetHdr: true, QEMUBinary: "/usr/bin/qemu-system-x86_64"},
 		accel: vm.AccelTCG, fdSocketDir: filepath.Join(t.TempDir(), "netfd")}
 }
 

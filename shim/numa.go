@@ -13,6 +13,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/config"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
@@ -21,26 +22,14 @@ import (
 // cleanup of an old container never releases its successor's placement.
 func numaOwner(domain, containerID string) string { return domain + "/" + containerID }
 
-func (c *Config) numaPolicy() (numa.Policy, error) {
-	p := numa.Policy{CPUThreshold: c.CPUThreshold, MemThreshold: c.MemThreshold, AllowSpread: c.NUMAAllowSpread}
-	if c.ReservedCPUs != "" {
-		cpus, err := numa.ParseCPUList(c.ReservedCPUs)
-		if err != nil {
-			return p, fmt.Errorf("reserved_cpus = %q: %w", c.ReservedCPUs, err)
-		}
-		p.ReservedCPUs = cpus
-	}
-	return p, p.Validate()
-}
-
 // openNUMA reads the host topology once and opens the node's shared
 // reservation store.
-func openNUMA(cfg Config) (*numa.Store, error) {
+func openNUMA(cfg config.Config) (*numa.Store, error) {
 	topo, err := numa.ReadTopology("/")
 	if err != nil {
 		return nil, fmt.Errorf("read NUMA topology: %w", err)
 	}
-	policy, err := cfg.numaPolicy()
+	policy, err := cfg.NUMAPolicy()
 	if err != nil {
 		return nil, err
 	}
@@ -86,7 +75,7 @@ func livePlacements(ctx context.Context, doms map[string]vm.Metadata) []numa.Pla
 	return live
 }
 
-func numaMode(spec *specs.Spec, cfg Config) (numa.Mode, error) {
+func numaMode(spec *specs.Spec, cfg config.Config) (numa.Mode, error) {
 	v, ok := spec.Annotations[annotations.NUMAMode]
 	if !ok {
 		v = cfg.NUMAMode

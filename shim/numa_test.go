@@ -9,6 +9,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/config"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 )
 
@@ -32,7 +33,7 @@ func TestPinningFromPlacement(t *testing.T) {
 }
 
 func TestNUMAModeAndHugePages(t *testing.T) {
-	cfg := DefaultConfig()
+	cfg := config.Default()
 	if m, err := numaMode(&specs.Spec{}, cfg); err != nil || m != numa.ModeNode {
 		t.Errorf("default: %v, %v", m, err)
 	}

@@ -14,13 +14,14 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/config"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 )
 
 // hotplugMaxVCPUs is the most vCPUs a VM of vcpus may have live: the
 // annotation, else the config's hotplug_max_vcpus, never below vcpus. A
 // dedicated VM pins each vCPU to its own host CPU and cannot grow.
-func hotplugMaxVCPUs(spec *specs.Spec, cfg Config, vcpus int, mode numa.Mode) (int, error) {
+func hotplugMaxVCPUs(spec *specs.Spec, cfg config.Config, vcpus int, mode numa.Mode) (int, error) {
 	return hotplugMax(spec, hotplugLimit{annotations.MaxVCPUs, "vCPUs", "max_vcpus", cfg.MaxVCPUs, cfg.HotplugMaxVCPUs}, vcpus, mode)
 }
 

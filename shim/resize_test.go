@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/config"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 )
 
@@ -22,7 +23,7 @@ func cpuResources(quota int64) *specs.LinuxResources {
 }
 
 func TestHotplugMaxVCPUs(t *testing.T) {
-	cfg := DefaultConfig() // hotplug_max_vcpus 4, max_vcpus 64
+	cfg := config.Default() // hotplug_max_vcpus 4, max_vcpus 64
 	for _, c := range []struct {
 		ann   string
 		vcpus int

@@ -13,6 +13,7 @@ import (
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v2"
 	"github.com/containerd/containerd/api/types"
 	apitask "github.com/containerd/containerd/api/types/task"
+
 	// Only for ToGRPC (the module at v0.3.0 has no gRPC mapping); the
 	// error classes come from github.com/containerd/errdefs, as everywhere.
 	errgrpc "github.com/containerd/containerd/errdefs"
@@ -28,6 +29,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/config"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/faultpoint"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
@@ -78,11 +80,11 @@ type service struct {
 	hostClosed bool      // guarded by hostMu; set by Shutdown
 	hostErr    error     // guarded by hostMu; the last failed attempt to make the host
 	hostErrAt  time.Time // guarded by hostMu; when it failed
-	newHost    func(context.Context, Config, vm.KVMInfo) (*host, error)
+	newHost    func(context.Context, config.Config, vm.KVMInfo) (*host, error)
 
 	mu    sync.Mutex
 	tasks map[string]taskRunner // guarded by mu
-	cfg   *Config               // guarded by mu; loaded at the first Create
+	cfg   *config.Config        // guarded by mu; loaded at the first Create
 	host  *host                 // guarded by mu, set under hostMu; made at the first VM Create or ahead of it
 }
 
@@ -455,7 +457,7 @@ func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 }
 
 // config loads the shim config at the first Create; later Creates reuse it.
-func (s *service) config(options *anypb.Any) (*Config, error) {
+func (s *service) config(options *anypb.Any) (*config.Config, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cfg != nil {
@@ -465,7 +467,7 @@ func (s *service) config(options *anypb.Any) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := LoadConfig(path)
+	cfg, err := config.Load(path)
 	if err != nil {
 		return nil, err
 	}
@@ -477,7 +479,7 @@ func (s *service) config(options *anypb.Any) (*Config, error) {
 // vmHost connects to libvirt at the first VM Create (or returns the
 // connection prepareHost made) and starts following its reconnects.
 // Other calls go on meanwhile: only hostMu is held while it connects.
-func (s *service) vmHost(ctx context.Context, cfg *Config) (*host, error) {
+func (s *service) vmHost(ctx context.Context, cfg *config.Config) (*host, error) {
 	arrived := time.Now()
 	s.hostMu.Lock()
 	defer s.hostMu.Unlock()
@@ -514,7 +516,7 @@ func (s *service) vmHost(ctx context.Context, cfg *Config) (*host, error) {
 // starts, so the pod's first VM Create finds it ready. A failure is only
 // logged here: a VM Create that waited for this attempt reports its
 // error, a later one tries again.
-func (s *service) prepareHost(ctx context.Context, cfg *Config) {
+func (s *service) prepareHost(ctx context.Context, cfg *config.Config) {
 	if _, err := s.vmHost(ctx, cfg); err != nil {
 		log.G(ctx).WithError(err).Debug("connect to libvirt ahead of the pod's VMs")
 	}

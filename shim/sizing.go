@@ -9,10 +9,10 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/config"
 )
 
 const (
-	minMemoryMiB     = 64
 	maxKernelCmdline = 2048 // x86 COMMAND_LINE_SIZE
 	mib              = 1 << 20
 )
@@ -20,7 +20,7 @@ const (
 // vmSize picks vCPUs and memory: an annotation wins, else the OCI spec's
 // CPU quota/period and memory limit (as kubelet sets them from the
 // container's limits), else the config's defaults.
-func vmSize(spec *specs.Spec, cfg Config) (vcpus, memoryMiB int, err error) {
+func vmSize(spec *specs.Spec, cfg config.Config) (vcpus, memoryMiB int, err error) {
 	vcpus, memoryMiB = cfg.DefaultVCPUs, cfg.DefaultMemoryMiB
 	if r := resources(spec); r != nil {
 		if c := r.CPU; c != nil && c.Quota != nil && *c.Quota > 0 && c.Period != nil && *c.Period > 0 {
@@ -66,9 +66,9 @@ func resources(spec *specs.Spec) *specs.LinuxResources {
 	return spec.Linux.Resources
 }
 
-func checkMemory(m int, cfg Config, source string) error {
-	if m < minMemoryMiB || m > cfg.MaxMemoryMiB {
-		return fmt.Errorf("%s gives %d MiB of guest memory; want %d to %d MiB: %w", source, m, minMemoryMiB, cfg.MaxMemoryMiB,
+func checkMemory(m int, cfg config.Config, source string) error {
+	if m < config.MinMemoryMiB || m > cfg.MaxMemoryMiB {
+		return fmt.Errorf("%s gives %d MiB of guest memory; want %d to %d MiB: %w", source, m, config.MinMemoryMiB, cfg.MaxMemoryMiB,
 			errdefs.ErrInvalidArgument)
 	}
 	return nil
@@ -103,7 +103,7 @@ func parseSize(s string) (int64, error) {
 }
 
 // kernelCmdline returns the command line for a direct kernel boot.
-func kernelCmdline(spec *specs.Spec, cfg Config) (string, error) {
+func kernelCmdline(spec *specs.Spec, cfg config.Config) (string, error) {
 	v, ok := spec.Annotations[annotations.KernelCmdline]
 	if !ok {
 		return cfg.KernelCmdline, nil

@@ -18,6 +18,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/config"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/configdrive"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/faultpoint"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
@@ -55,7 +56,7 @@ type vmSettings struct {
 	drive         configdrive.Options
 }
 
-func vmSettingsFrom(spec *specs.Spec, cfg Config, io stdio) (vmSettings, error) {
+func vmSettingsFrom(spec *specs.Spec, cfg config.Config, io stdio) (vmSettings, error) {
 	var s vmSettings
 	var err error
 	if s.vcpus, s.memMiB, err = vmSize(spec, cfg); err != nil {

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/config"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/configdrive"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
@@ -61,7 +62,7 @@ type vmFixture struct {
 
 func newVMFixture(t *testing.T) *vmFixture {
 	state := t.TempDir()
-	cfg := DefaultConfig()
+	cfg := config.Default()
 	cfg.StateDir = state
 	cfg.VMIDRange, cfg.VMIDStateFile = testIDRange, filepath.Join(state, "ids.json")
 	ids, err := openIDs(cfg)

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/config"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
@@ -141,10 +142,10 @@ func volumeFixture(t *testing.T) *vmFixture {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: bind mounts and chown")
 	}
-	if _, _, err := lookupQEMUUser(DefaultConfig().QEMUUser); err != nil {
+	if _, _, err := lookupQEMUUser(config.Default().QEMUUser); err != nil {
 		t.Skipf("no QEMU user: %v", err)
 	}
-	if _, err := os.Stat(DefaultConfig().QEMUImg); err != nil {
+	if _, err := os.Stat(config.Default().QEMUImg); err != nil {
 		t.Skip("qemu-img not installed")
 	}
 	f := newVMFixture(t)
