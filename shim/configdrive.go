@@ -16,6 +16,7 @@ import (
 	"github.com/kvm-shim/containerd-shim-kvm-v1/configdrive"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vmplan"
 )
 
 // driveNetwork turns the pod network into the config drive's
@@ -47,7 +48,7 @@ func driveNetwork(pn netfd.PodNetwork, dns []netip.Addr, search []string) (*conf
 // OpenStack config drive (label config-2) goes in its runtime dir, and the
 // function that writes it; volumes are listed on it. It is rebuilt on every create, so it always says
 // what the pod is now.
-func planConfigDrive(ctx context.Context, h *host, ident vmIdentity, vmDir string, network *configdrive.Network,
+func planConfigDrive(ctx context.Context, h *host, ident vmplan.Identity, vmDir string, network *configdrive.Network,
 	volumes []configdrive.Volume, opts configdrive.Options) (*vm.ConfigDrive, func() error, error) {
 	format, err := configdrive.ParseFormat(string(opts.Format))
 	if err != nil {
@@ -60,7 +61,7 @@ func planConfigDrive(ctx context.Context, h *host, ident vmIdentity, vmDir strin
 	if format == configdrive.FormatISO9660 {
 		out = filepath.Join(vmDir, "config-2.iso")
 	}
-	name := ident.name()
+	name := ident.Name()
 	meta := map[string]string{}
 	for k, v := range opts.Meta {
 		meta[k] = v

@@ -18,6 +18,7 @@ import (
 	"github.com/kvm-shim/containerd-shim-kvm-v1/configdrive"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vmplan"
 )
 
 // Where the VM's NICs sit: consecutive slots on the root bus from nicSlot0
@@ -264,9 +265,9 @@ func ipKernelArg(pn netfd.PodNetwork, dns []netip.Addr, hostname string) (arg st
 // inits); a direct-boot guest also gets ip= on its command line when ip=
 // can say it. Without a drive, a direct-boot guest whose network ip=
 // cannot express is refused, and a disk image is told nothing (logged).
-func guestNetworkPath(ctx context.Context, pn netfd.PodNetwork, dns []netip.Addr, ident vmIdentity, src vm.BootSource,
+func guestNetworkPath(ctx context.Context, pn netfd.PodNetwork, dns []netip.Addr, ident vmplan.Identity, src vm.BootSource,
 	set *vmSettings) error {
-	arg, why, ok := ipKernelArg(pn, dns, configdrive.SanitizeHostname(ident.name()))
+	arg, why, ok := ipKernelArg(pn, dns, configdrive.SanitizeHostname(ident.Name()))
 	switch {
 	case src.Kernel != "" && ok:
 		set.cmdline += " " + arg

@@ -33,6 +33,7 @@ import (
 	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/faultpoint"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vmplan"
 )
 
 // CRI's annotations on the OCI spec that the shim reads.
@@ -593,10 +594,10 @@ func readSpec(bundle string) (*specs.Spec, error) {
 	return &spec, nil
 }
 
-func identity(ctx context.Context, id string, spec *specs.Spec) vmIdentity {
+func identity(ctx context.Context, id string, spec *specs.Spec) vmplan.Identity {
 	ns, _ := namespaces.Namespace(ctx)
 	a := spec.Annotations
-	return vmIdentity{
+	return vmplan.Identity{
 		Namespace: ns, ContainerID: id, SandboxID: a[annSandboxID],
 		PodUID: a[annSandboxUID], PodName: a[annSandboxName], PodNamespace: a[annSandboxNS],
 		ContainerName: a[annContainerName],

@@ -24,6 +24,7 @@ import (
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vmplan"
 )
 
 // The create path of a VM container: its settings from the OCI spec, then
@@ -59,28 +60,28 @@ type vmSettings struct {
 func vmSettingsFrom(spec *specs.Spec, cfg config.Config, io stdio) (vmSettings, error) {
 	var s vmSettings
 	var err error
-	if s.vcpus, s.memMiB, err = vmSize(spec, cfg); err != nil {
+	if s.vcpus, s.memMiB, err = vmplan.Size(spec, cfg); err != nil {
 		return s, err
 	}
-	if s.cmdline, err = kernelCmdline(spec, cfg); err != nil {
+	if s.cmdline, err = vmplan.KernelCmdline(spec, cfg); err != nil {
 		return s, err
 	}
 	if err = checkStdio(io); err != nil {
 		return s, err
 	}
-	if s.numaMode, err = numaMode(spec, cfg); err != nil {
+	if s.numaMode, err = vmplan.NUMAMode(spec, cfg); err != nil {
 		return s, err
 	}
-	if s.maxVCPUs, err = hotplugMaxVCPUs(spec, cfg, s.vcpus, s.numaMode); err != nil {
+	if s.maxVCPUs, err = vmplan.HotplugMaxVCPUs(spec, cfg, s.vcpus, s.numaMode); err != nil {
 		return s, err
 	}
-	if s.pageKiB, err = hugePageKiB(spec); err != nil {
+	if s.pageKiB, err = vmplan.HugePageKiB(spec); err != nil {
 		return s, err
 	}
 	if pageMiB := int(s.pageKiB / 1024); pageMiB > 1 {
 		s.memMiB = (s.memMiB + pageMiB - 1) / pageMiB * pageMiB
 	}
-	if s.maxMemMiB, err = hotplugMaxMemoryMiB(spec, cfg, s.memMiB, s.numaMode); err != nil {
+	if s.maxMemMiB, err = vmplan.HotplugMaxMemoryMiB(spec, cfg, s.memMiB, s.numaMode); err != nil {
 		return s, err
 	}
 	if s.drive, err = configdrive.FromAnnotations(spec.Annotations, configdrive.Format(cfg.ConfigDriveFormat)); err != nil {
@@ -92,7 +93,7 @@ func vmSettingsFrom(spec *specs.Spec, cfg config.Config, io stdio) (vmSettings, 
 // createVMTask validates the request, then prepares and defines the
 // domain. Each step's undo is registered as soon as the step succeeds, so a
 // failure leaves no mount, file or domain behind.
-func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentity, publish func(any)) (_ *vmTask, retErr error) {
+func createVMTask(ctx context.Context, h *host, r createRequest, ident vmplan.Identity, publish func(any)) (_ *vmTask, retErr error) {
 	// Input checks first: nothing is created for a request that is wrong.
 	ph := r.took
 	if ph == nil {
@@ -110,7 +111,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 	if err != nil {
 		return nil, err
 	}
-	diskSizes, err := diskImageSizes(r.spec)
+	diskSizes, err := vmplan.DiskImageSizes(r.spec)
 	if err != nil {
 		return nil, err
 	}
@@ -127,13 +128,13 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		}
 	}()
 
-	vmDir := h.layout.vmDir(ident.runtimeKey())
+	vmDir := h.layout.vmDir(ident.RuntimeKey())
 	rec := taskRecord{
 		Kind: kindVM, ID: r.id, Namespace: ident.Namespace,
 		StateDir: h.cfg.StateDir, LibvirtSocket: h.cfg.LibvirtSocket,
 		Domain: name, VMDir: vmDir, PodUID: ident.PodUID,
 	}
-	if ident.inPod() {
+	if ident.InPod() {
 		if err = h.layout.ensurePodVMDir(ident.PodUID, ident.ContainerName); err != nil {
 			return nil, err
 		}
@@ -164,7 +165,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 		}
 		undo.add(func() { _ = h.numa.Release(rec.NUMAOwner) })
 		b, _ := json.Marshal(p)
-		placement, placementJSON = pinning(p), string(b)
+		placement, placementJSON = vmplan.Pinning(p), string(b)
 	}
 
 	id, own, err := h.allocateIdentity(rec.IDOwner)
@@ -178,7 +179,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 			return nil, fmt.Errorf("write task record: %w", recErr)
 		}
 	}
-	if ident.inPod() {
+	if ident.InPod() {
 		// The pod's VM data outlives this container; it is this VM's
 		// while the VM lives (and root's again after, see releaseVM).
 		if giveErr := giveToVM(filepath.Dir(rec.Overlay), id, 0o700); giveErr != nil {
@@ -271,7 +272,7 @@ func createVMTask(ctx context.Context, h *host, r createRequest, ident vmIdentit
 			}
 			return nil
 		}
-		pn, srv, netErr := setupNetwork(ctx, h, r.netns, r.podNet, name, ident.runtimeKey(), set.vcpus, id, recordNetwork, &undo, fdHooks...)
+		pn, srv, netErr := setupNetwork(ctx, h, r.netns, r.podNet, name, ident.RuntimeKey(), set.vcpus, id, recordNetwork, &undo, fdHooks...)
 		if netErr != nil {
 			return nil, netErr
 		}

@@ -24,6 +24,7 @@ import (
 	"github.com/kvm-shim/containerd-shim-kvm-v1/config"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/configdrive"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vmplan"
 )
 
 type eventLog struct {
@@ -106,7 +107,7 @@ func (f *vmFixture) createSpec(spec *specs.Spec) (*vmTask, error) {
 	if spec.Annotations == nil {
 		spec.Annotations = map[string]string{}
 	}
-	ident := vmIdentity{Namespace: "default", ContainerID: "vm1"}
+	ident := vmplan.Identity{Namespace: "default", ContainerID: "vm1"}
 	req := createRequest{id: "vm1", bundle: f.bundle, spec: spec, stdio: f.stdio}
 	vt, err := createVMTask(context.Background(), f.host, req, ident, f.events.publish)
 	if err == nil {
@@ -689,9 +690,9 @@ func TestCreateVMTaskBadInputLeavesNothing(t *testing.T) {
 func TestCreateVMTaskConfigDriveFailureLeavesNothing(t *testing.T) {
 	f := newVMFixture(t)
 	f.kernelRootfs()
-	ident := vmIdentity{Namespace: "default", ContainerID: "vm1"}
+	ident := vmplan.Identity{Namespace: "default", ContainerID: "vm1"}
 	// A directory where the drive's image goes makes the build fail.
-	vmDir := f.host.layout.vmDir(ident.runtimeKey())
+	vmDir := f.host.layout.vmDir(ident.RuntimeKey())
 	if err := os.MkdirAll(filepath.Join(vmDir, "config-2.img", "x"), 0o755); err != nil {
 		t.Fatal(err)
 	}

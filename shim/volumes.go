@@ -2,14 +2,11 @@ package shim
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -22,131 +19,20 @@ import (
 	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/configdrive"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vmplan"
 )
 
-// diskImageName is KubeVirt's convention: a filesystem volume whose root
-// holds this file is the VM's disk, not a directory to share.
-const diskImageName = "disk.img"
-
-// plumbing is what happens to CRI's own mounts, which are not volumes:
-// the guest has its own files and kernel file systems.
-var plumbing = map[string]string{
-	"/etc/hosts":           "the guest keeps its own /etc/hosts",
-	"/etc/hostname":        "the guest's hostname comes from the config drive",
-	"/etc/resolv.conf":     "the guest's DNS servers come from the config drive (or ip= for direct boot)",
-	"/dev/shm":             "the guest has its own /dev/shm",
-	"/dev/termination-log": "a VM writes no termination message; kubelet finds it empty",
-}
-
-// terminationMessage matches the file kubelet mounts at a container's
-// terminationMessagePath when the pod sets another path than
-// /dev/termination-log: <kubelet root>/pods/<uid>/containers/<name>/<id>.
-var terminationMessage = regexp.MustCompile(`/pods/[^/]+/containers/[^/]+/[^/]+$`)
-
-// volumeKind is what the OCI spec says a volume is; prepareVolumes looks
-// at the host to decide what the guest gets.
-type volumeKind int
-
-const (
-	volDevice volumeKind = iota // linux.devices entry of type b: a raw block volume
-	volBind                     // bind mount: a block device, a directory with disk.img, or a share
-)
-
-// volume is one pod volume as the OCI spec gives it.
-type volume struct {
-	kind         volumeKind
-	dest         string // container path: the volume's name in messages
-	source       string // host path of a bind mount
-	major, minor int64  // of a device
-	readOnly     bool
-}
-
-// classifyVolumes reads the volumes out of the container's OCI spec:
-// linux.devices of type b and every bind mount that is not CRI plumbing.
-// Kernel file systems (proc, sysfs, tmpfs, devpts, mqueue, cgroup) and
-// plumbing mounts are left out with one info log line; a device the guest
-// cannot get (character devices) is an error naming it.
-func classifyVolumes(ctx context.Context, spec *specs.Spec) ([]volume, error) {
-	var vols []volume
-	var skipped []string
-	seen := map[string]bool{}
-	if spec.Linux != nil {
-		for _, d := range spec.Linux.Devices {
-			if d.Type != "b" {
-				return nil, fmt.Errorf("device %s (type %s, %d:%d): only block devices can be given to a VM: %w", d.Path, d.Type, d.Major, d.Minor,
-					errdefs.ErrInvalidArgument)
-			}
-			if err := configdrive.CheckVolumePath(d.Path); err != nil {
-				return nil, err
-			}
-			vols = append(vols, volume{kind: volDevice, dest: d.Path, major: d.Major, minor: d.Minor, readOnly: !deviceWritable(spec, d)})
-			seen[d.Path] = true
-		}
-	}
-	for _, m := range spec.Mounts {
-		bind := m.Type == "bind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
-		switch why, ok := plumbing[m.Destination]; {
-		case !bind:
-			skipped = append(skipped, m.Destination+" ("+m.Type+": the guest has its own)")
-			continue
-		case ok:
-			skipped = append(skipped, m.Destination+" ("+why+")")
-			continue
-		case terminationMessage.MatchString(m.Source):
-			skipped = append(skipped, m.Destination+" ("+plumbing["/dev/termination-log"]+")")
-			continue
-		case seen[m.Destination]:
-			continue // the node of a raw block device, already a device
-		}
-		if err := configdrive.CheckVolumePath(m.Destination); err != nil {
-			return nil, err
-		}
-		vols = append(vols, volume{kind: volBind, dest: m.Destination, source: m.Source, readOnly: slices.Contains(m.Options, "ro")})
-		seen[m.Destination] = true
+// classifyVolumes is vmplan.ClassifyVolumes with one info log line for
+// the mounts the guest does not get.
+func classifyVolumes(ctx context.Context, spec *specs.Spec) ([]vmplan.Volume, error) {
+	vols, skipped, err := vmplan.ClassifyVolumes(spec)
+	if err != nil {
+		return nil, err
 	}
 	if len(skipped) > 0 {
 		log.G(ctx).WithField("mounts", strings.Join(skipped, ", ")).Info("mounts not given to the VM")
 	}
 	return vols, nil
-}
-
-// deviceWritable reads the cgroup rule CRI wrote for the device: the last
-// rule that matches decides, and none matching leaves it writable.
-func deviceWritable(spec *specs.Spec, d specs.LinuxDevice) bool {
-	w := true
-	if spec.Linux.Resources == nil {
-		return w
-	}
-	for _, r := range spec.Linux.Resources.Devices {
-		if !r.Allow || (r.Type != "" && r.Type != "a" && r.Type != d.Type) ||
-			(r.Major != nil && *r.Major != d.Major) || (r.Minor != nil && *r.Minor != d.Minor) {
-			continue
-		}
-		w = strings.Contains(r.Access, "w")
-	}
-	return w
-}
-
-// diskImageSizes reads annotations.DiskImages.
-func diskImageSizes(spec *specs.Spec) (map[string]int64, error) {
-	v, ok := spec.Annotations[annotations.DiskImages]
-	if !ok {
-		return nil, nil
-	}
-	sizes := map[string]int64{}
-	for _, e := range strings.Split(v, ",") {
-		p, size, ok := strings.Cut(strings.TrimSpace(e), "=")
-		if !ok || !strings.HasPrefix(p, "/") {
-			return nil, fmt.Errorf("annotation %s = %q: entry %q: want <container path>=<size>: %w", annotations.DiskImages, v, e,
-				errdefs.ErrInvalidArgument)
-		}
-		b, err := parseSize(size)
-		if err != nil {
-			return nil, fmt.Errorf("annotation %s: volume %s: %v: %w", annotations.DiskImages, p, err, errdefs.ErrInvalidArgument)
-		}
-		sizes[filepath.Clean(p)] = b
-	}
-	return sizes, nil
 }
 
 // guestVolumes is what the guest gets for the pod's volumes.
@@ -162,52 +48,52 @@ type guestVolumes struct {
 // read-only shares under vmDir/shares; their undo goes to undo (a
 // crashed shim's cleanup finds the mounts by readOnlyMounts). sizes are
 // from annotations.DiskImages.
-func prepareVolumes(ctx context.Context, h *host, vols []volume, sizes map[string]int64, vmDir string, id vm.Identity,
+func prepareVolumes(ctx context.Context, h *host, vols []vmplan.Volume, sizes map[string]int64, vmDir string, id vm.Identity,
 	undo *rollback) (guestVolumes, error) {
 	var g guestVolumes
-	diskNames, shareNames := guestNames(vols, vm.MaxSerialLen), guestNames(vols, vm.MaxTagLen)
+	diskNames, shareNames := vmplan.GuestNames(vols, vm.MaxSerialLen), vmplan.GuestNames(vols, vm.MaxTagLen)
 	for p := range sizes {
-		if !slices.ContainsFunc(vols, func(v volume) bool { return v.kind == volBind && filepath.Clean(v.dest) == p }) {
+		if !slices.ContainsFunc(vols, func(v vmplan.Volume) bool { return v.Kind == vmplan.VolBind && filepath.Clean(v.Dest) == p }) {
 			return g, fmt.Errorf("annotation %s names %s, which is not a volume of the container: %w", annotations.DiskImages, p,
 				errdefs.ErrInvalidArgument)
 		}
 	}
 	for i, v := range vols {
 		pin := filepath.Join(vmDir, volumesDir, diskNames[i]+".img")
-		disk, share, err := prepareVolume(ctx, h, v, sizes[filepath.Clean(v.dest)], pin, id, undo)
+		disk, share, err := prepareVolume(ctx, h, v, sizes[filepath.Clean(v.Dest)], pin, id, undo)
 		if err != nil {
 			return g, err
 		}
-		entry := log.G(ctx).WithField("volume", v.dest).WithField("readOnly", v.readOnly)
+		entry := log.G(ctx).WithField("volume", v.Dest).WithField("readOnly", v.ReadOnly)
 		switch {
 		case disk != nil:
 			if len(g.disks) == vm.MaxVolumeDisks {
-				return g, fmt.Errorf("volume %s: more than %d disk volumes (raw block or disk.img): %w", v.dest, vm.MaxVolumeDisks,
+				return g, fmt.Errorf("volume %s: more than %d disk volumes (raw block or disk.img): %w", v.Dest, vm.MaxVolumeDisks,
 					errdefs.ErrInvalidArgument)
 			}
-			disk.Name, disk.Serial, disk.ReadOnly = v.dest, diskNames[i], v.readOnly
+			disk.Name, disk.Serial, disk.ReadOnly = v.Dest, diskNames[i], v.ReadOnly
 			g.disks = append(g.disks, *disk)
-			g.list = append(g.list, configdrive.Volume{Kind: configdrive.VolumeDisk, Name: disk.Serial, Path: v.dest, ReadOnly: v.readOnly})
-			entry.WithField("path", disk.Path).WithField("source", v.source).WithField("serial", disk.Serial).Info("volume is a virtio disk")
+			g.list = append(g.list, configdrive.Volume{Kind: configdrive.VolumeDisk, Name: disk.Serial, Path: v.Dest, ReadOnly: v.ReadOnly})
+			entry.WithField("path", disk.Path).WithField("source", v.Source).WithField("serial", disk.Serial).Info("volume is a virtio disk")
 		default:
 			if len(g.shares) == vm.MaxShares {
-				return g, fmt.Errorf("volume %s: more than %d shared (virtiofs) volumes: %w", v.dest, vm.MaxShares, errdefs.ErrInvalidArgument)
+				return g, fmt.Errorf("volume %s: more than %d shared (virtiofs) volumes: %w", v.Dest, vm.MaxShares, errdefs.ErrInvalidArgument)
 			}
-			share.Name, share.Tag = v.dest, shareNames[i]
-			if v.readOnly {
+			share.Name, share.Tag = v.Dest, shareNames[i]
+			if v.ReadOnly {
 				// libvirt 9.0 has no read-only virtiofs: virtiofsd serves a
 				// read-only bind mount, so the guest cannot write whatever
 				// it mounts.
 				ro := filepath.Join(vmDir, sharesDir, share.Tag)
 				if err := vm.BindDirReadOnly(share.Source, ro); err != nil {
-					return g, fmt.Errorf("volume %s: %w", v.dest, err)
+					return g, fmt.Errorf("volume %s: %w", v.Dest, err)
 				}
 				undo.add(func() { _ = vm.Unmount(ro) })
 				share.Source = ro
 			}
 			g.shares = append(g.shares, *share)
-			g.list = append(g.list, configdrive.Volume{Kind: configdrive.VolumeShare, Name: share.Tag, Path: v.dest, ReadOnly: v.readOnly})
-			entry.WithField("source", v.source).WithField("tag", share.Tag).Info("volume is a virtiofs share")
+			g.list = append(g.list, configdrive.Volume{Kind: configdrive.VolumeShare, Name: share.Tag, Path: v.Dest, ReadOnly: v.ReadOnly})
+			entry.WithField("source", v.Source).WithField("tag", share.Tag).Info("volume is a virtiofs share")
 		}
 	}
 	return g, nil
@@ -223,39 +109,39 @@ const (
 // prepareVolume decides what the guest gets for one volume: a disk (a
 // block device, or the volume's disk.img, pinned at pin) or a share (any
 // other directory).
-func prepareVolume(ctx context.Context, h *host, v volume, size int64, pin string, id vm.Identity,
+func prepareVolume(ctx context.Context, h *host, v vmplan.Volume, size int64, pin string, id vm.Identity,
 	undo *rollback) (*vm.VolumeDisk, *vm.Share, error) {
-	if v.kind == volDevice {
-		p, err := blockDeviceNode(v.major, v.minor)
+	if v.Kind == vmplan.VolDevice {
+		p, err := blockDeviceNode(v.Major, v.Minor)
 		if err != nil {
-			return nil, nil, fmt.Errorf("volume %s: %w", v.dest, err)
+			return nil, nil, fmt.Errorf("volume %s: %w", v.Dest, err)
 		}
 		return &vm.VolumeDisk{Path: p, Block: true, Format: "raw"}, nil, nil
 	}
-	st, err := os.Stat(v.source)
+	st, err := os.Stat(v.Source)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return nil, nil, fmt.Errorf("volume %s: its host path %s is gone: %w", v.dest, v.source, errdefs.ErrFailedPrecondition)
+		return nil, nil, fmt.Errorf("volume %s: its host path %s is gone: %w", v.Dest, v.Source, errdefs.ErrFailedPrecondition)
 	case err != nil:
-		return nil, nil, fmt.Errorf("volume %s: %w", v.dest, err)
+		return nil, nil, fmt.Errorf("volume %s: %w", v.Dest, err)
 	case st.Mode().Type() == fs.ModeDevice:
-		return &vm.VolumeDisk{Path: v.source, Block: true, Format: "raw"}, nil, nil
+		return &vm.VolumeDisk{Path: v.Source, Block: true, Format: "raw"}, nil, nil
 	case !st.IsDir():
 		return nil, nil, fmt.Errorf("volume %s: host path %s is a %s; only directories (shared, or holding %s) and block devices can be given "+
 			"to a VM (a subPath of a single file cannot): %w",
-			v.dest, v.source, fileKind(st.Mode()), diskImageName, errdefs.ErrInvalidArgument)
+			v.Dest, v.Source, fileKind(st.Mode()), vmplan.DiskImageName, errdefs.ErrInvalidArgument)
 	}
-	img := filepath.Join(v.source, diskImageName)
+	img := filepath.Join(v.Source, vmplan.DiskImageName)
 	ist, err := os.Lstat(img)
 	switch {
 	case err == nil && !ist.Mode().IsRegular():
-		return nil, nil, fmt.Errorf("volume %s: %s is a %s, not a disk image file: %w", v.dest, img, fileKind(ist.Mode()),
+		return nil, nil, fmt.Errorf("volume %s: %s is a %s, not a disk image file: %w", v.Dest, img, fileKind(ist.Mode()),
 			errdefs.ErrInvalidArgument)
 	case err == nil:
 		d, imgErr := volumeImage(ctx, h, v, img, pin, id, undo)
 		return d, nil, imgErr
 	case !errors.Is(err, fs.ErrNotExist):
-		return nil, nil, fmt.Errorf("volume %s: %w", v.dest, err)
+		return nil, nil, fmt.Errorf("volume %s: %w", v.Dest, err)
 	case size > 0:
 		if createErr := createDiskImage(v, img, size, id, undo); createErr != nil {
 			return nil, nil, createErr
@@ -263,7 +149,7 @@ func prepareVolume(ctx context.Context, h *host, v volume, size int64, pin strin
 		d, imgErr := volumeImage(ctx, h, v, img, pin, id, undo)
 		return d, nil, imgErr
 	}
-	return nil, &vm.Share{Source: v.source}, nil
+	return nil, &vm.Share{Source: v.Source}, nil
 }
 
 // volumeImage pins a volume's disk.img at pin (a bind mount of the file
@@ -271,17 +157,17 @@ func prepareVolume(ctx context.Context, h *host, v volume, size int64, pin strin
 // through a share included, cannot swap the checked file for a link to a
 // host file before QEMU opens it), then checks it as a containerDisk is
 // checked (format by content, no backing file, no external data file).
-func volumeImage(ctx context.Context, h *host, v volume, img, pin string, id vm.Identity, undo *rollback) (*vm.VolumeDisk, error) {
+func volumeImage(ctx context.Context, h *host, v vmplan.Volume, img, pin string, id vm.Identity, undo *rollback) (*vm.VolumeDisk, error) {
 	f, err := os.OpenFile(img, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err != nil {
-		return nil, fmt.Errorf("volume %s: open %s: %v: %w", v.dest, diskImageName, err, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("volume %s: open %s: %v: %w", v.Dest, vmplan.DiskImageName, err, errdefs.ErrInvalidArgument)
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil || !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("volume %s: %s is not a regular file (%v): %w", v.dest, img, err, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("volume %s: %s is not a regular file (%v): %w", v.Dest, img, err, errdefs.ErrInvalidArgument)
 	}
-	if v.readOnly && !readableBy(st, id) {
+	if v.ReadOnly && !readableBy(st, id) {
 		// libvirt gives a VM's disks to its identity at start, but not
 		// through a read-only mount (its chown fails with EROFS and is
 		// skipped), and a static DAC label carries no supplementary
@@ -290,26 +176,26 @@ func volumeImage(ctx context.Context, h *host, v volume, img, pin string, id vm.
 		return nil, fmt.Errorf("volume %s: the read-only %s (owner %d:%d, mode %#o) is not readable by the VM's uid %d: libvirt "+
 			"cannot give it to the VM through a read-only mount, and QEMU runs without the pod's supplemental groups; make it "+
 			"world-readable (o+r) or mount the volume read-write: %w",
-			v.dest, diskImageName, sys.Uid, sys.Gid, st.Mode().Perm(), id.UID, errdefs.ErrFailedPrecondition)
+			v.Dest, vmplan.DiskImageName, sys.Uid, sys.Gid, st.Mode().Perm(), id.UID, errdefs.ErrFailedPrecondition)
 	}
 	if mkdirErr := os.MkdirAll(filepath.Dir(pin), 0o711); mkdirErr != nil {
-		return nil, fmt.Errorf("volume %s: %w", v.dest, mkdirErr)
+		return nil, fmt.Errorf("volume %s: %w", v.Dest, mkdirErr)
 	}
 	mount := vm.BindFile
-	if v.readOnly {
+	if v.ReadOnly {
 		mount = vm.MountReadOnly
 	}
 	if err = mount(f, pin); err != nil {
-		return nil, fmt.Errorf("volume %s: %w", v.dest, err)
+		return nil, fmt.Errorf("volume %s: %w", v.Dest, err)
 	}
 	undo.add(func() { _ = vm.Unmount(pin) })
-	info, err := vm.ProbeImage(ctx, h.cfg.QEMUImg, pin, v.dest+"/"+diskImageName)
+	info, err := vm.ProbeImage(ctx, h.cfg.QEMUImg, pin, v.Dest+"/"+vmplan.DiskImageName)
 	if err != nil {
 		return nil, err
 	}
 	direct, err := vm.SupportsDirectIO(pin)
 	if err != nil {
-		return nil, fmt.Errorf("volume %s: %w", v.dest, err)
+		return nil, fmt.Errorf("volume %s: %w", v.Dest, err)
 	}
 	return &vm.VolumeDisk{Path: pin, Format: info.Format, HostCache: !direct}, nil
 }
@@ -318,44 +204,45 @@ func volumeImage(ctx context.Context, h *host, v volume, img, pin string, id vm.
 // empty volume (lost+found, as on a fresh ext4 volume, is allowed), the
 // VM's identity's alone (mode 0600). A size the volume's file system has no room for is
 // refused: the guest would fail writing long after the pod started.
-func createDiskImage(v volume, img string, size int64, id vm.Identity, undo *rollback) (retErr error) {
-	ents, err := os.ReadDir(v.source)
+func createDiskImage(v vmplan.Volume, img string, size int64, id vm.Identity, undo *rollback) (retErr error) {
+	ents, err := os.ReadDir(v.Source)
 	if err != nil {
-		return fmt.Errorf("volume %s: %w", v.dest, err)
+		return fmt.Errorf("volume %s: %w", v.Dest, err)
 	}
 	for _, e := range ents {
 		if e.Name() != "lost+found" {
 			return fmt.Errorf("volume %s: annotation %s asks for a new %s, but the volume is not empty (it has %s): %w",
-				v.dest, annotations.DiskImages, diskImageName, e.Name(), errdefs.ErrInvalidArgument)
+				v.Dest, annotations.DiskImages, vmplan.DiskImageName, e.Name(), errdefs.ErrInvalidArgument)
 		}
 	}
-	if v.readOnly {
-		return fmt.Errorf("volume %s: annotation %s asks for a new %s on a read-only volume: %w", v.dest, annotations.DiskImages, diskImageName,
+	if v.ReadOnly {
+		return fmt.Errorf("volume %s: annotation %s asks for a new %s on a read-only volume: %w", v.Dest, annotations.DiskImages,
+			vmplan.DiskImageName,
 			errdefs.ErrInvalidArgument)
 	}
 	var sfs unix.Statfs_t
-	if err = unix.Statfs(v.source, &sfs); err != nil {
-		return fmt.Errorf("volume %s: %w", v.dest, err)
+	if err = unix.Statfs(v.Source, &sfs); err != nil {
+		return fmt.Errorf("volume %s: %w", v.Dest, err)
 	}
 	if free := int64(sfs.Bavail) * sfs.Bsize; size > free {
 		return fmt.Errorf("volume %s: annotation %s asks for a %d-byte %s; the volume has %d bytes free: %w",
-			v.dest, annotations.DiskImages, size, diskImageName, free, errdefs.ErrInvalidArgument)
+			v.Dest, annotations.DiskImages, size, vmplan.DiskImageName, free, errdefs.ErrInvalidArgument)
 	}
 	f, err := os.OpenFile(img, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
-		return fmt.Errorf("volume %s: create %s: %w", v.dest, diskImageName, err)
+		return fmt.Errorf("volume %s: create %s: %w", v.Dest, vmplan.DiskImageName, err)
 	}
 	undo.add(func() { _ = os.Remove(img) })
 	defer func() {
 		if err := f.Close(); err != nil && retErr == nil {
-			retErr = fmt.Errorf("volume %s: %w", v.dest, err)
+			retErr = fmt.Errorf("volume %s: %w", v.Dest, err)
 		}
 	}()
 	if err := f.Truncate(size); err != nil {
-		return fmt.Errorf("volume %s: size %s: %w", v.dest, diskImageName, err)
+		return fmt.Errorf("volume %s: size %s: %w", v.Dest, vmplan.DiskImageName, err)
 	}
 	if err := f.Chown(int(id.UID), int(id.GID)); err != nil {
-		return fmt.Errorf("volume %s: chown %s: %w", v.dest, diskImageName, err)
+		return fmt.Errorf("volume %s: chown %s: %w", v.Dest, vmplan.DiskImageName, err)
 	}
 	return f.Sync()
 }
@@ -401,45 +288,6 @@ func fileKind(m fs.FileMode) string {
 		return "socket"
 	}
 	return "special file"
-}
-
-// guestNames gives each volume the name the guest finds it by (a
-// virtio-blk serial, or a virtiofs tag) of at most maxLen characters: the
-// container path without its leading slash, other slashes as '-' and any
-// character outside [A-Za-z0-9_.+-] as '_' ("/etc/app" is "etc-app",
-// "/dev/xvda" is "dev-xvda"). A name longer than maxLen, or one two volumes
-// would share ("/a-b" and "/a/b"), is its first maxLen-9 characters, '-' and
-// the first 8 hex digits of the SHA-256 of the container path.
-func guestNames(vols []volume, maxLen int) []string {
-	names := make([]string, len(vols))
-	count := map[string]int{}
-	for i, v := range vols {
-		names[i] = plainName(v.dest)
-		count[names[i]]++
-	}
-	for i, v := range vols {
-		if n := names[i]; len(n) > maxLen || count[n] > 1 {
-			sum := sha256.Sum256([]byte(v.dest))
-			names[i] = n[:min(len(n), maxLen-9)] + "-" + hex.EncodeToString(sum[:4])
-		}
-	}
-	return names
-}
-
-func plainName(dest string) string {
-	p := strings.Trim(filepath.Clean(dest), "/")
-	if p == "" {
-		return "root"
-	}
-	return strings.Map(func(r rune) rune {
-		switch {
-		case r == '/':
-			return '-'
-		case r < 0x80 && (r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("_.+-", r)):
-			return r
-		}
-		return '_'
-	}, p)
 }
 
 // readableBy reports whether a process running as id alone (no

@@ -1,11 +1,11 @@
-package shim
+package vmplan
 
 import (
 	"strings"
 	"testing"
 
 	"github.com/containerd/errdefs"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/config"
@@ -48,7 +48,7 @@ func TestVMSize(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			v, m, err := vmSize(tc.spec, cfg)
+			v, m, err := Size(tc.spec, cfg)
 			if tc.errWants != "" {
 				if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), tc.errWants) {
 					t.Fatalf("want InvalidArgument naming %q, got %v", tc.errWants, err)
@@ -64,15 +64,15 @@ func TestVMSize(t *testing.T) {
 
 func TestKernelCmdline(t *testing.T) {
 	cfg := config.Default()
-	if got, _ := kernelCmdline(&specs.Spec{}, cfg); got != cfg.KernelCmdline {
+	if got, _ := KernelCmdline(&specs.Spec{}, cfg); got != cfg.KernelCmdline {
 		t.Errorf("default: %q", got)
 	}
 	s := &specs.Spec{Annotations: map[string]string{annotations.KernelCmdline: "console=ttyS0 quiet"}}
-	if got, _ := kernelCmdline(s, cfg); got != "console=ttyS0 quiet" {
+	if got, _ := KernelCmdline(s, cfg); got != "console=ttyS0 quiet" {
 		t.Errorf("annotation: %q", got)
 	}
 	s.Annotations[annotations.KernelCmdline] = "a\nb"
-	if _, err := kernelCmdline(s, cfg); !errdefs.IsInvalidArgument(err) {
+	if _, err := KernelCmdline(s, cfg); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("newline accepted: %v", err)
 	}
 }
