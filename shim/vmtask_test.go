@@ -58,7 +58,8 @@ type vmFixture struct {
 	bundle string
 	// cgroupsPath is the spec's linux.cgroupsPath ("" for no Linux section).
 	cgroupsPath string
-	stdio       stdio // the task's
+	stdio       stdio  // the task's
+	netns       string // the pod's network namespace given to Create; "" for none
 }
 
 func newVMFixture(t *testing.T) *vmFixture {
@@ -108,7 +109,7 @@ func (f *vmFixture) createSpec(spec *specs.Spec) (*vmTask, error) {
 		spec.Annotations = map[string]string{}
 	}
 	ident := vmplan.Identity{Namespace: "default", ContainerID: "vm1"}
-	req := createRequest{id: "vm1", bundle: f.bundle, spec: spec, stdio: f.stdio}
+	req := createRequest{id: "vm1", bundle: f.bundle, spec: spec, stdio: f.stdio, netns: f.netns}
 	vt, err := createVMTask(context.Background(), f.host, req, ident, f.events.publish)
 	if err == nil {
 		// Tests that never delete the task must not leave bind mounts
