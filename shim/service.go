@@ -507,7 +507,8 @@ func (s *service) vmHost(ctx context.Context, cfg *config.Config) (*host, error)
 	// again, and a sweep running beside that Create could undefine the
 	// new definition between its Define and its Start. A CRI pod's
 	// sandbox start (prepareHost) does it ahead of the pod's first VM.
-	sweep(context.WithoutCancel(ctx), h.layout, h.conn, h.fdSocketDir, h.releaseHeld, time.Now())
+	scope := sweepScope{layout: h.layout, conn: h.conn, fdSocketDir: h.fdSocketDir, release: h.releaseHeld}
+	sweep(context.WithoutCancel(ctx), scope, time.Now())
 	withLock(&s.mu, func() { s.host = h })
 	goSafe(ctx, "follow libvirt events", func() { s.followEvents(context.WithoutCancel(ctx), h) })
 	return h, nil
