@@ -49,7 +49,8 @@ type createRun struct {
 	fdServer  *netfd.Server
 	spec      vm.Spec
 	waitDrive func() error
-	maxVCPUs  int // how many vCPUs the VM may have live
+	maxVCPUs  int        // how many vCPUs the VM may have live
+	mem       memorySize // the VM's memory as resize sees it
 }
 
 // steps are the apply's steps in order. The rootfs comes first: the one
@@ -95,9 +96,8 @@ func applyCreate(ctx context.Context, h *host, p *createPlan, ph *phases, publis
 	log.G(ctx).WithField("vm", p.name).WithField("accel", h.accel).
 		WithField("vcpus", set.vcpus).WithField("memoryMiB", set.memMiB).
 		WithField("took", ph.String()).Info("defined VM")
-	mem := memorySize{bootMiB: set.memMiB, maxMiB: set.memMiB + vm.HotplugMemoryMiB(&c.spec), blockMiB: int(vm.MemoryBlockKiB(&c.spec) / 1024)}
 	return &vmTask{proc: newProc(p.req.id, p.req.bundle, p.req.stdio, publish), h: h, rec: c.rec, fdServer: c.fdServer, cgroup: p.cg,
-		shares: len(c.spec.Shares), vcpus: set.vcpus, plugged: set.vcpus, memMiB: set.memMiB, maxVCPUs: c.maxVCPUs, mem: mem}, nil
+		shares: len(c.spec.Shares), vcpus: set.vcpus, plugged: set.vcpus, memMiB: set.memMiB, maxVCPUs: c.maxVCPUs, mem: c.mem}, nil
 }
 
 // mountRootfs mounts the container's rootfs when it is a snapshot, and
@@ -354,5 +354,6 @@ func (c *createRun) domainSpec(l *log.Entry) vm.Spec {
 		l.WithField("vm", p.name).Info("VM spans NUMA nodes: no memory can be added live")
 		spec.MaxMemoryMiB = 0
 	}
+	c.mem = memorySize{bootMiB: set.memMiB, maxMiB: set.memMiB + vm.HotplugMemoryMiB(&spec), blockMiB: int(vm.MemoryBlockKiB(&spec) / 1024)}
 	return spec
 }
