@@ -22,7 +22,7 @@ SOAK_CYCLES  ?= 100
 SOAK_TIMEOUT ?= 600m
 # FUZZTIME is how long `make fuzz` runs each fuzz target.
 FUZZTIME ?= 30s
-FUZZ_TARGETS = configdrive:FuzzAnnotations configdrive:FuzzSanitizeHostname shim:FuzzPodAnnotations shim:FuzzReadRecord vm:FuzzImageFormat vm:FuzzRender
+FUZZ_TARGETS = configdrive:FuzzAnnotations configdrive:FuzzSanitizeHostname vmplan:FuzzPodAnnotations shim:FuzzReadRecord vm:FuzzImageFormat vm:FuzzRender
 INTEGRATION_RUN     ?= .
 # The e2e tier: one private Kubernetes node per containerd flavour.
 E2E_TIMEOUT ?= 60m

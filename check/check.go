@@ -14,6 +14,7 @@ import (
 
 	"github.com/pelletier/go-toml/v2"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/config"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/hostid"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
@@ -46,16 +47,16 @@ func (c *checkList) add(l checkLevel, name, format string, a ...any) {
 func Run(ctx context.Context, w io.Writer, args []string) int {
 	fs := flag.NewFlagSet("check", flag.ContinueOnError)
 	fs.SetOutput(w)
-	cfgPath := fs.String("config", "", "shim config file (default "+shim.DefaultConfigPath+")")
+	cfgPath := fs.String("config", "", "shim config file (default "+config.DefaultPath+")")
 	ctrdCfg := fs.String("containerd-config", "/etc/containerd/config.toml", "containerd config to look for the runtime in")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	var c checkList
-	cfg, err := shim.LoadConfig(*cfgPath)
+	cfg, err := config.Load(*cfgPath)
 	if err != nil {
 		c.add(checkFail, "config", "%v", err)
-		cfg = shim.DefaultConfig()
+		cfg = config.Default()
 	} else {
 		c.add(checkOK, "config", "accel=%s state_dir=%s machine=%s", cfg.Accel, cfg.StateDir, cfg.Machine)
 	}
@@ -78,7 +79,7 @@ func Run(ctx context.Context, w io.Writer, args []string) int {
 
 // checkLibvirt reports whether libvirtd answers and how KVM acceleration
 // stands.
-func (c *checkList) checkLibvirt(ctx context.Context, cfg shim.Config) {
+func (c *checkList) checkLibvirt(ctx context.Context, cfg config.Config) {
 	if conn, err := vm.Connect(ctx, cfg.LibvirtSocket); err != nil {
 		c.add(checkFail, "libvirt", "%v", err)
 	} else {
@@ -103,7 +104,7 @@ func (c *checkList) checkLibvirt(ctx context.Context, cfg shim.Config) {
 }
 
 // checkTools reports the versions of QEMU, qemu-img and virtiofsd.
-func (c *checkList) checkTools(ctx context.Context, cfg shim.Config) {
+func (c *checkList) checkTools(ctx context.Context, cfg config.Config) {
 	for _, tool := range []struct{ name, path string }{{"qemu", cfg.QEMUBinary}, {"qemu-img", cfg.QEMUImg}} {
 		out, err := exec.CommandContext(ctx, tool.path, "--version").Output()
 		if err != nil {
@@ -122,7 +123,7 @@ func (c *checkList) checkTools(ctx context.Context, cfg shim.Config) {
 
 // checkNetwork reports the TAP and vhost-net features and the emulator
 // wrapper that hands their descriptors to QEMU.
-func (c *checkList) checkNetwork(cfg shim.Config) {
+func (c *checkList) checkNetwork(cfg config.Config) {
 	if vnetHdr, mq, err := netfd.Features(); err != nil {
 		c.add(checkFail, "tun", "/dev/net/tun: %v (needed for pod networking)", err)
 	} else if !vnetHdr || !mq {
@@ -144,7 +145,7 @@ func (c *checkList) checkNetwork(cfg shim.Config) {
 
 // checkNUMA reports the NUMA store and returns the topology and
 // reservations report printed after the table ("" when unreadable).
-func (c *checkList) checkNUMA(cfg shim.Config) string {
+func (c *checkList) checkNUMA(cfg config.Config) string {
 	var numaReport strings.Builder
 	if store, err := shim.OpenNUMA(cfg); err != nil {
 		c.add(checkFail, "numa", "%v", err)
@@ -160,7 +161,7 @@ func (c *checkList) checkNUMA(cfg shim.Config) string {
 // checkIdentityRange returns the per-VM identity range (nil: off or
 // unparsable, which the config check reports) and how many of its ids
 // are allocated.
-func checkIdentityRange(cfg shim.Config) (*hostid.Range, int) {
+func checkIdentityRange(cfg config.Config) (*hostid.Range, int) {
 	if cfg.VMIDRange == "" {
 		return nil, 0
 	}
@@ -180,7 +181,7 @@ func checkIdentityRange(cfg shim.Config) (*hostid.Range, int) {
 // checkStateDir reports whether QEMU can reach the state dir. The shim
 // creates the state dir; what must already hold is that QEMU can reach it
 // through its existing ancestors.
-func (c *checkList) checkStateDir(cfg shim.Config) {
+func (c *checkList) checkStateDir(cfg config.Config) {
 	existing := cfg.StateDir
 	for {
 		if _, err := os.Stat(existing); err == nil || existing == "/" {

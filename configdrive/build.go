@@ -87,17 +87,6 @@ type Drive struct {
 	Options  Options
 }
 
-// Build writes the config drive image for inst to out: it is
-// Drive{dir, out, inst, network, opts}.Build(ctx), kept for the callers
-// that pass the parts one by one.
-//
-// The shim's Create still calls it; once that call builds a Drive, this
-// function goes, and with it the last exception to the house limit of
-// five parameters outside shim/ (hack/funcsize).
-func Build(ctx context.Context, dir, out string, inst Instance, network *Network, opts Options) error {
-	return Drive{Dir: dir, Out: out, Instance: inst, Network: network, Options: opts}.Build(ctx)
-}
-
 // Build writes the config drive image to d.Out, replacing it atomically (a
 // temporary file next to Out, then rename; Out's directory must exist).
 // Options.Disabled is not looked at: the caller skips Build.

@@ -202,7 +202,7 @@ func TestBuildReplacesAtomically(t *testing.T) {
 		t.Errorf("failed builds left files behind: %v", entries)
 	}
 	// Build, the parts one by one, builds the same Drive.
-	if err := Build(context.Background(), dir, out, inst, nil, Options{}); err != nil {
+	if err := (Drive{Dir: dir, Out: out, Instance: inst}).Build(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if st, _ := os.Stat(out); st.Size() != VFATSize {

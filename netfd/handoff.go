@@ -141,19 +141,6 @@ type ServerConfig struct {
 	Provide          Provider
 }
 
-// Serve is ServerConfig{dir, domain, qemuUID, qemuGID, pidDir,
-// provide}.Serve(ctx, opts...), kept for the callers that pass the parts
-// one by one.
-//
-// The shim's network setup still calls it; once that call builds a
-// ServerConfig, this function goes, and with it an exception to the house
-// limit of five parameters outside shim/ (hack/funcsize).
-func Serve(ctx context.Context, dir, domain string, qemuUID, qemuGID int, pidDir string, provide Provider,
-	opts ...ServeOption) (*Server, error) {
-	c := ServerConfig{Dir: dir, Domain: domain, QEMUUID: qemuUID, QEMUGID: qemuGID, PIDDir: pidDir, Provide: provide}
-	return c.Serve(ctx, opts...)
-}
-
 // Serve listens at SocketPath(c.Dir, c.Domain) until Close. It serves
 // every connection, so a restarted domain gets fresh descriptors.
 func (c ServerConfig) Serve(ctx context.Context, opts ...ServeOption) (*Server, error) {

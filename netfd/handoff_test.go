@@ -120,7 +120,7 @@ func TestHandoff(t *testing.T) {
 	}
 
 	// A peer that is not the QEMU user gets nothing either.
-	s2, err := Serve(context.Background(), dir, "dom1", 64055, 64055, pidDir, provide)
+	s2, err := ServerConfig{Dir: dir, Domain: "dom1", QEMUUID: 64055, QEMUGID: 64055, PIDDir: pidDir, Provide: provide}.Serve(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,10 +148,10 @@ func TestHandoffChecksLibvirtPid(t *testing.T) {
 				}
 			}
 			dir := filepath.Join(t.TempDir(), "netfd")
-			s, err := Serve(context.Background(), dir, "dom1", 0, 0, pidDir, func() (Grant, []NICFiles, error) {
+			s, err := ServerConfig{Dir: dir, Domain: "dom1", PIDDir: pidDir, Provide: func() (Grant, []NICFiles, error) {
 				t.Error("descriptors provided to a process libvirt did not start")
 				return Grant{}, nil, fmt.Errorf("no")
-			})
+			}}.Serve(context.Background())
 			if err != nil {
 				t.Fatal(err)
 			}

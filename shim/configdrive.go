@@ -16,6 +16,7 @@ import (
 	"github.com/kvm-shim/containerd-shim-kvm-v1/configdrive"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vmplan"
 )
 
 // driveNetwork turns the pod network into the config drive's
@@ -43,12 +44,23 @@ func driveNetwork(pn netfd.PodNetwork, dns []netip.Addr, search []string) (*conf
 	return n, nil
 }
 
+// driveInput is what a VM's config drive says: who the VM is, its pod
+// network (nil for none), its volumes and the drive's options; it is
+// written into vmDir.
+type driveInput struct {
+	ident   vmplan.Identity
+	vmDir   string
+	network *configdrive.Network
+	volumes []configdrive.Volume
+	opts    configdrive.Options
+}
+
 // planConfigDrive checks the drive's settings and returns where the VM's
 // OpenStack config drive (label config-2) goes in its runtime dir, and the
-// function that writes it; volumes are listed on it. It is rebuilt on every create, so it always says
-// what the pod is now.
-func planConfigDrive(ctx context.Context, h *host, ident vmIdentity, vmDir string, network *configdrive.Network,
-	volumes []configdrive.Volume, opts configdrive.Options) (*vm.ConfigDrive, func() error, error) {
+// function that writes it; volumes are listed on it. It is rebuilt on
+// every create, so it always says what the pod is now.
+func planConfigDrive(ctx context.Context, h *host, in driveInput) (*vm.ConfigDrive, func() error, error) {
+	ident, vmDir, opts := in.ident, in.vmDir, in.opts
 	format, err := configdrive.ParseFormat(string(opts.Format))
 	if err != nil {
 		return nil, nil, err
@@ -60,7 +72,7 @@ func planConfigDrive(ctx context.Context, h *host, ident vmIdentity, vmDir strin
 	if format == configdrive.FormatISO9660 {
 		out = filepath.Join(vmDir, "config-2.iso")
 	}
-	name := ident.name()
+	name := ident.Name()
 	meta := map[string]string{}
 	for k, v := range opts.Meta {
 		meta[k] = v
@@ -87,11 +99,12 @@ func planConfigDrive(ctx context.Context, h *host, ident vmIdentity, vmDir strin
 		Hostname:         configdrive.SanitizeHostname(name),
 		Name:             name,
 		AvailabilityZone: h.cfg.AvailabilityZone,
-		Volumes:          volumes,
+		Volumes:          in.volumes,
 	}
 	build := func() error {
 		start := time.Now()
-		if err := configdrive.Build(ctx, vmDir, out, inst, network, opts); err != nil {
+		d := configdrive.Drive{Dir: vmDir, Out: out, Instance: inst, Network: in.network, Options: opts}
+		if err := d.Build(ctx); err != nil {
 			return err
 		}
 		log.G(ctx).WithField("format", format).WithField("ms", time.Since(start).Milliseconds()).Debug("built config drive")

@@ -11,6 +11,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/cgroup"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/config"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/hostid"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
@@ -20,7 +21,7 @@ import (
 // host is what all VM tasks of one shim share: the configuration, the
 // acceleration chosen for this host, and one libvirt connection.
 type host struct {
-	cfg    Config
+	cfg    config.Config
 	accel  vm.Accel
 	conn   domains
 	events <-chan vm.Event
@@ -84,7 +85,7 @@ type domains interface {
 
 var _ domains = (*vm.Conn)(nil)
 
-func newHost(ctx context.Context, cfg Config, kvm vm.KVMInfo) (*host, error) {
+func newHost(ctx context.Context, cfg config.Config, kvm vm.KVMInfo) (*host, error) {
 	accel, warning, err := vm.ChooseAccel(cfg.Accel, kvm)
 	if err != nil {
 		return nil, err

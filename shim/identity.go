@@ -12,6 +12,7 @@ import (
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/config"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/hostid"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
@@ -29,7 +30,7 @@ func vmOwner(domain, containerID string) string { return domain + "/" + containe
 
 // openIDs opens the node's store of per-VM identities; nil when the
 // config turns them off.
-func openIDs(cfg Config) (*hostid.Store, error) {
+func openIDs(cfg config.Config) (*hostid.Store, error) {
 	if cfg.VMIDRange == "" {
 		return nil, nil
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 
@@ -113,27 +112,6 @@ func goldenSpecWithIdentity(uid uint32) vm.Spec {
 		Console:  vm.Console{Socket: "/s", Log: "/l"},
 		Meta:     vm.Metadata{ContainerID: "vm9", Namespace: "default", StateDir: "/x"},
 		Identity: &vm.Identity{UID: uid, GID: uid},
-	}
-}
-
-func TestConfigVMIDRange(t *testing.T) {
-	for in, want := range map[string]string{
-		"1000-2000":         "starts below 65536",
-		"2000000-1000000":   "last id is below the first",
-		"100000":            "want FIRST-LAST",
-		"100000-4294967295": "invalid id -1",
-		"100000-100000":     "",
-		"":                  "",
-	} {
-		p := filepath.Join(t.TempDir(), "c.toml")
-		if err := os.WriteFile(p, []byte("vm_id_range = \""+in+"\"\n"), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		_, err := LoadConfig(p)
-		if want == "" && err != nil || want != "" && (err == nil || !strings.Contains(err.Error(),
-			"vm_id_range") || !strings.Contains(err.Error(), want)) {
-			t.Errorf("vm_id_range = %q: %v, want %q", in, err, want)
-		}
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/config"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm/vmtest"
 )
@@ -258,8 +259,8 @@ func TestCallsAnswerAfterAPanicUnderALock(t *testing.T) {
 	})
 	t.Run("service host", func(t *testing.T) {
 		s := newTestService(t, &hostFake{})
-		s.newHost = func(context.Context, Config, vm.KVMInfo) (*host, error) { panic("injected bug in newHost") }
-		cfg := DefaultConfig()
+		s.newHost = func(context.Context, config.Config, vm.KVMInfo) (*host, error) { panic("injected bug in newHost") }
+		cfg := config.Default()
 		recovered(t, "vmHost", func(ctx context.Context) error { _, err := s.vmHost(ctx, &cfg); return err })
 		_ = answers(t, "vmHost", func(ctx context.Context) error { _, err := s.vmHost(ctx, &cfg); return err })
 		_ = answers(t, "State", state(s, "none", ""))

@@ -7,24 +7,14 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
-	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 )
 
 // memoryPlugTimeout is how long a resize waits for the guest to plug or
 // unplug the memory asked of it before it puts the old size back. Under
 // TCG here 256 MiB plug in about 1.5 s.
 const memoryPlugTimeout = 20 * time.Second
-
-// hotplugMaxMemoryMiB is the most memory a VM of memMiB may have live: the
-// annotation, else the config's hotplug_max_memory_mib, never below
-// memMiB. A dedicated VM's reservation cannot change live.
-func hotplugMaxMemoryMiB(spec *specs.Spec, cfg Config, memMiB int, mode numa.Mode) (int, error) {
-	return hotplugMax(spec, hotplugLimit{annotations.MaxMemoryMiB, "MiB", "max_memory_mib", cfg.MaxMemoryMiB, cfg.HotplugMaxMemoryMiB}, memMiB,
-		mode)
-}
 
 // memorySize is a VM's memory as resize sees it: what it booted with, in
 // its NUMA cell, and what its virtio-mem device may add, in blocks.

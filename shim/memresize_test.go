@@ -9,55 +9,11 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
-	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 )
 
 func memResources(mib int64) *specs.LinuxResources {
 	limit := mib * 1024 * 1024
 	return &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}}
-}
-
-func TestHotplugMaxMemoryMiB(t *testing.T) {
-	cfg := DefaultConfig() // hotplug_max_memory_mib 0, max_memory_mib 256 GiB
-	for _, c := range []struct {
-		ann  string
-		mem  int
-		mode numa.Mode
-		want int
-		bad  bool
-	}{
-		{"", 512, numa.ModeNode, 512, false},
-		{"2048", 512, numa.ModeNode, 2048, false},
-		{" 1024 ", 512, numa.ModeNone, 1024, false},
-		{"512", 512, numa.ModeDedicated, 512, false},
-		{"256", 512, numa.ModeNode, 0, true},
-		{"2Gi", 512, numa.ModeNode, 0, true},
-		{"-1", 512, numa.ModeNode, 0, true},
-		{"999999999", 512, numa.ModeNode, 0, true},
-		{"1024", 512, numa.ModeDedicated, 0, true},
-	} {
-		spec := &specs.Spec{Annotations: map[string]string{}}
-		if c.ann != "" {
-			spec.Annotations[annotations.MaxMemoryMiB] = c.ann
-		}
-		got, err := hotplugMaxMemoryMiB(spec, cfg, c.mem, c.mode)
-		if c.bad {
-			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), annotations.MaxMemoryMiB) {
-				t.Errorf("%q: %v, want InvalidArgument naming the annotation", c.ann, err)
-			}
-			continue
-		}
-		if err != nil || got != c.want {
-			t.Errorf("%q mem %d %s: %d, %v; want %d", c.ann, c.mem, c.mode, got, err, c.want)
-		}
-	}
-	cfg.HotplugMaxMemoryMiB = 4096
-	if got, _ := hotplugMaxMemoryMiB(&specs.Spec{}, cfg, 512, numa.ModeNode); got != 4096 {
-		t.Errorf("config default: %d, want 4096", got)
-	}
-	if got, _ := hotplugMaxMemoryMiB(&specs.Spec{}, cfg, 8192, numa.ModeNode); got != 8192 {
-		t.Errorf("a VM above the config default: %d, want its own 8192", got)
-	}
 }
 
 // memVM is a started VM of 512 MiB that may grow to 1536 MiB.

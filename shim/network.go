@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/netip"
 	"os"
 	"os/user"
@@ -102,25 +103,71 @@ func netQueues(vcpus, maxQueues, nics int, vhost bool) int {
 	return max(1, min(q, netfd.MaxDescriptors/(nics*per)))
 }
 
+// netPlan is the pod network a VM takes over, as the plan found it: the
+// interfaces, the pod's DNS, what the config drive says of them, and the
+// kernel's ip= argument when it can say it (else why not).
+type netPlan struct {
+	netns    string
+	pod      netfd.PodNetwork
+	guest    *configdrive.Network
+	ipArg    string
+	ipNotWhy string
+}
+
+// planNetwork reads the pod network of netns and refuses what the VM
+// cannot take over: a pod whose interfaces or addresses changed since its
+// sandbox saw them (sandboxNet; nil when none was recorded), or one the
+// config drive cannot describe. It changes nothing.
+func planNetwork(ctx context.Context, r createRequest, hostname string) (*netPlan, error) {
+	pn, err := netfd.Inspect(r.netns)
+	if err != nil {
+		return nil, err
+	}
+	if r.podNet != nil {
+		if err = pn.SameAs(*r.podNet); err != nil {
+			return nil, err
+		}
+	}
+	var dns []netip.Addr
+	var search []string
+	if b, readErr := os.ReadFile(resolvConf(r.spec)); readErr == nil {
+		dns, search = configdrive.ParseResolvConf(b)
+	} else if !errors.Is(readErr, fs.ErrNotExist) { // none is no DNS
+		log.G(ctx).WithError(readErr).Warn("read the pod's resolv.conf")
+	}
+	np := &netPlan{netns: r.netns, pod: pn}
+	if np.guest, err = driveNetwork(pn, dns, search); err != nil {
+		return nil, err
+	}
+	if arg, why, ok := ipKernelArg(pn, dns, hostname); ok {
+		np.ipArg = arg
+	} else {
+		np.ipNotWhy = why
+	}
+	return np, nil
+}
+
+// netSetup is what setupNetwork needs besides the plan: the VM's domain
+// and runtime key (which name its TAPs), its vCPUs (which size the TAP
+// queues) and identity (which alone may fetch the descriptors), record,
+// which is given what the next step makes before it is taken, undo, and
+// the options of the descriptor server.
+type netSetup struct {
+	domain, key string
+	vcpus       int
+	id          vm.Identity
+	record      func(*vmNetwork) error
+	undo        *rollback
+	fdOpts      []netfd.ServeOption
+}
+
 // setupNetwork takes over the pod's CNI interfaces for the VM: for each,
 // in interface order, a TAP in the pod namespace wired to it by tc, and
 // one socket that hands all TAP queues (and vhost-net) to the VM's
-// emulator wrapper, which gives the VM one NIC per interface. sandboxNet
-// is the network the sandbox saw (nil: none recorded); a pod whose
-// interfaces or addresses changed since is refused. record is given what
-// the next step makes before it is taken, and each step's undo goes on
-// undo as soon as it succeeds.
-func setupNetwork(ctx context.Context, h *host, netns string, sandboxNet *netfd.PodNetwork, domain, key string, vcpus int,
-	id vm.Identity, record func(*vmNetwork) error, undo *rollback, fdOpts ...netfd.ServeOption) (netfd.PodNetwork, *netfd.Server, error) {
-	pn, err := netfd.Inspect(netns)
-	if err != nil {
-		return pn, nil, err
-	}
-	if sandboxNet != nil {
-		if err = pn.SameAs(*sandboxNet); err != nil {
-			return pn, nil, err
-		}
-	}
+// emulator wrapper, which gives the VM one NIC per interface. Each step's
+// undo goes on undo as soon as it succeeds.
+func setupNetwork(ctx context.Context, h *host, np *netPlan, s netSetup) (*netfd.Server, error) {
+	netns, pn := np.netns, np.pod
 	vhost := h.accel == vm.AccelKVM
 	if vhost {
 		if ok, why := netfd.VhostAvailable(); !ok {
@@ -130,12 +177,12 @@ func setupNetwork(ctx context.Context, h *host, netns string, sandboxNet *netfd.
 	} else {
 		h.warnOnce("vhost", "vhost-net applies to KVM only; TCG VMs use QEMU's userspace virtio-net")
 	}
-	queues := netQueues(vcpus, h.cfg.MaxNetQueues, len(pn.Interfaces), vhost)
+	queues := netQueues(s.vcpus, h.cfg.MaxNetQueues, len(pn.Interfaces), vhost)
 	n := &vmNetwork{Netns: netns}
 	taps := make([]netfd.TAP, len(pn.Interfaces))
 	grant := netfd.Grant{QEMU: h.cfg.QEMUBinary}
 	for i, ifc := range pn.Interfaces {
-		taps[i] = netfd.TAP{Name: tapName(key, i), Queues: queues, VNetHdr: h.cfg.VNetHdr, MTU: ifc.MTU}
+		taps[i] = netfd.TAP{Name: tapName(s.key, i), Queues: queues, VNetHdr: h.cfg.VNetHdr, MTU: ifc.MTU}
 		n.Links = append(n.Links, wiredLink{PodIf: ifc.Name, TAP: taps[i].Name})
 		grant.NICs = append(grant.NICs, netfd.NIC{
 			NetdevID: fmt.Sprintf("kvmnet%d", i), MAC: ifc.MAC.String(),
@@ -143,61 +190,77 @@ func setupNetwork(ctx context.Context, h *host, netns string, sandboxNet *netfd.
 		})
 	}
 	// Every TAP is in the record before the first is made.
-	if err = record(n); err != nil {
-		return pn, nil, err
+	if err := s.record(n); err != nil {
+		return nil, err
 	}
 	for i, ifc := range pn.Interfaces {
 		tap := taps[i]
 		if createTAPErr := netfd.CreateTAP(netns, tap); createTAPErr != nil {
-			return pn, nil, fmt.Errorf("pod interface %s: %w", ifc.Name, createTAPErr)
+			return nil, fmt.Errorf("pod interface %s: %w", ifc.Name, createTAPErr)
 		}
-		undo.add(func() { _ = netfd.DeleteTAP(netns, tap.Name) })
+		s.undo.add(func() { _ = netfd.DeleteTAP(netns, tap.Name) })
 		created, wireErr := netfd.Wire(netns, ifc.Name, tap.Name)
 		if wireErr != nil {
-			return pn, nil, fmt.Errorf("pod interface %s: %w", ifc.Name, wireErr)
+			return nil, fmt.Errorf("pod interface %s: %w", ifc.Name, wireErr)
 		}
-		undo.add(func() { _ = netfd.Unwire(netns, ifc.Name, tap.Name, created) })
+		s.undo.add(func() { _ = netfd.Unwire(netns, ifc.Name, tap.Name, created) })
 		n.Links[i].CreatedQdisc = created
-		if recordErr := record(n); recordErr != nil {
-			return pn, nil, recordErr
+		if recordErr := s.record(n); recordErr != nil {
+			return nil, recordErr
 		}
 	}
+	srv, err := serveNICs(ctx, h, nicGrant{netns: netns, taps: taps, queues: queues, vhost: vhost, grant: grant}, s)
+	if err != nil {
+		return nil, err
+	}
+	s.undo.add(func() { _ = srv.Close() })
+	for i, ifc := range pn.Interfaces {
+		log.G(ctx).WithField("vm", s.domain).WithField("tap", taps[i].Name).WithField("queues", queues).
+			WithField("vnetHdr", h.cfg.VNetHdr).WithField("vhost", vhost).WithField("pci", grant.NICs[i].Addr).
+			Info("VM network wired to " + ifc.Name)
+	}
+	return srv, nil
+}
 
-	srv, err := netfd.Serve(ctx, h.fdSocketDir, domain, int(id.UID), int(id.GID), vm.QEMUPidDir, func() (netfd.Grant,
-		[]netfd.NICFiles, error) {
+// nicGrant is what the VM's emulator wrapper is handed: the NICs, and
+// the TAP queues (and vhost-net) of each.
+type nicGrant struct {
+	netns  string
+	taps   []netfd.TAP
+	queues int
+	vhost  bool
+	grant  netfd.Grant
+}
+
+// serveNICs opens the socket the VM's emulator wrapper fetches its NICs'
+// descriptors from; they are opened when it asks.
+func serveNICs(ctx context.Context, h *host, g nicGrant, s netSetup) (*netfd.Server, error) {
+	c := netfd.ServerConfig{Dir: h.fdSocketDir, Domain: s.domain, QEMUUID: int(s.id.UID), QEMUGID: int(s.id.GID), PIDDir: vm.QEMUPidDir}
+	c.Provide = func() (netfd.Grant, []netfd.NICFiles, error) {
 		var files []netfd.NICFiles
 		fail := func(err error) (netfd.Grant, []netfd.NICFiles, error) {
 			for _, f := range files {
 				f.Close()
 			}
-			return grant, nil, err
+			return g.grant, nil, err
 		}
-		for _, tap := range taps {
-			q, openQueuesErr := netfd.OpenQueues(netns, tap, queues)
+		for _, tap := range g.taps {
+			q, openQueuesErr := netfd.OpenQueues(g.netns, tap, g.queues)
 			if openQueuesErr != nil {
 				return fail(openQueuesErr)
 			}
 			files = append(files, netfd.NICFiles{TAP: q})
-			if vhost {
-				v, openVhostErr := netfd.OpenVhost(queues)
+			if g.vhost {
+				v, openVhostErr := netfd.OpenVhost(g.queues)
 				if openVhostErr != nil {
 					return fail(openVhostErr)
 				}
 				files[len(files)-1].Vhost = v
 			}
 		}
-		return grant, files, nil
-	}, fdOpts...)
-	if err != nil {
-		return pn, nil, err
+		return g.grant, files, nil
 	}
-	undo.add(func() { _ = srv.Close() })
-	for i, ifc := range pn.Interfaces {
-		log.G(ctx).WithField("vm", domain).WithField("tap", taps[i].Name).WithField("queues", queues).
-			WithField("vnetHdr", h.cfg.VNetHdr).WithField("vhost", vhost).WithField("pci", grant.NICs[i].Addr).
-			Info("VM network wired to " + ifc.Name)
-	}
-	return pn, srv, nil
+	return c.Serve(ctx, s.fdOpts...)
 }
 
 // teardownNetwork removes what setupNetwork made; all of it may be gone.
@@ -264,18 +327,16 @@ func ipKernelArg(pn netfd.PodNetwork, dns []netip.Addr, hostname string) (arg st
 // inits); a direct-boot guest also gets ip= on its command line when ip=
 // can say it. Without a drive, a direct-boot guest whose network ip=
 // cannot express is refused, and a disk image is told nothing (logged).
-func guestNetworkPath(ctx context.Context, pn netfd.PodNetwork, dns []netip.Addr, ident vmIdentity, src vm.BootSource,
-	set *vmSettings) error {
-	arg, why, ok := ipKernelArg(pn, dns, configdrive.SanitizeHostname(ident.name()))
+func guestNetworkPath(ctx context.Context, np *netPlan, domain string, src vm.BootSource, set *vmSettings) error {
 	switch {
-	case src.Kernel != "" && ok:
-		set.cmdline += " " + arg
+	case src.Kernel != "" && np.ipArg != "":
+		set.cmdline += " " + np.ipArg
 	case src.Kernel != "" && set.drive.Disabled:
 		return fmt.Errorf("annotation %s=false: a direct-boot guest without a config drive gets its network from the kernel's ip=, which "+
 			"cannot express this pod's network (%s): %w",
-			annotations.ConfigDrive, why, errdefs.ErrInvalidArgument)
+			annotations.ConfigDrive, np.ipNotWhy, errdefs.ErrInvalidArgument)
 	case src.Kernel == "" && set.drive.Disabled:
-		log.G(ctx).WithField("vm", ident.DomainName()).Warn("no config drive (annotation " + annotations.ConfigDrive +
+		log.G(ctx).WithField("vm", domain).Warn("no config drive (annotation " + annotations.ConfigDrive +
 			"=false): the guest gets no network configuration from the shim and must find its addresses itself")
 	}
 	return nil

@@ -10,7 +10,9 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/config"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
@@ -68,8 +70,20 @@ func leftIn(t *testing.T, netns string) string {
 	return strings.Join(left, "\n")
 }
 
+// planAndSetup plans the network of netns as a Create does (sandbox is
+// what the sandbox saw; nil for none) and sets it up.
+func planAndSetup(h *host, netns string, sandbox *netfd.PodNetwork, s netSetup) (netfd.PodNetwork, *netfd.Server, error) {
+	ctx := context.Background()
+	np, err := planNetwork(ctx, createRequest{netns: netns, podNet: sandbox, spec: &specs.Spec{}}, "vm")
+	if err != nil {
+		return netfd.PodNetwork{}, nil, err
+	}
+	srv, err := setupNetwork(ctx, h, np, s)
+	return np.pod, srv, err
+}
+
 func testNetHost(t *testing.T) *host {
-	return &host{cfg: Config{MaxNetQueues: 2, VNetHdr: true, QEMUBinary: "/usr/bin/qemu-system-x86_64"},
+	return &host{cfg: config.Config{MaxNetQueues: 2, VNetHdr: true, QEMUBinary: "/usr/bin/qemu-system-x86_64"},
 		accel: vm.AccelTCG, fdSocketDir: filepath.Join(t.TempDir(), "netfd")}
 }
 
@@ -81,14 +95,14 @@ func TestSetupNetworkTwoInterfaces(t *testing.T) {
 	h := testNetHost(t)
 	var recorded *vmNetwork
 	var undo rollback
-	pn, srv, err := setupNetwork(context.Background(), h, netns, nil, "dom-two", "0123456789abcdef", 4,
-		vm.Identity{UID: uint32(h.qemuUID), GID: uint32(h.qemuGID)},
-		func(n *vmNetwork) error {
+	pn, srv, err := planAndSetup(h, netns, nil, netSetup{domain: "dom-two", key: "0123456789abcdef", vcpus: 4,
+		id: vm.Identity{UID: uint32(h.qemuUID), GID: uint32(h.qemuGID)},
+		record: func(n *vmNetwork) error {
 			c := *n
 			c.Links = append([]wiredLink(nil), n.Links...)
 			recorded = &c
 			return nil
-		}, &undo)
+		}, undo: &undo})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,17 +117,18 @@ func TestSetupNetworkTwoInterfaces(t *testing.T) {
 			t.Errorf("after setup the namespace lacks %s:\n%s", want, left)
 		}
 	}
-	if _, err := os.Stat(netfd.SocketPath(h.fdSocketDir, "dom-two")); err != nil {
-		t.Errorf("descriptor socket: %v", err)
+	if _, statErr := os.Stat(netfd.SocketPath(h.fdSocketDir, "dom-two")); statErr != nil {
+		t.Errorf("descriptor socket: %v", statErr)
 	}
 	// The same network again is the same; one that changed is refused
 	// before anything is made.
 	var undo2 rollback
 	other := pn
 	other.Interfaces = pn.Interfaces[:1]
-	if _, _, err := setupNetwork(context.Background(), h, netns, &other, "dom-changed", "fedcba9876543210", 1,
-		vm.Identity{UID: uint32(h.qemuUID), GID: uint32(h.qemuGID)},
-		func(*vmNetwork) error { t.Error("a changed network was recorded"); return nil }, &undo2); !errdefs.IsFailedPrecondition(err) ||
+	_, _, err = planAndSetup(h, netns, &other, netSetup{domain: "dom-changed", key: "fedcba9876543210", vcpus: 1,
+		id:     vm.Identity{UID: uint32(h.qemuUID), GID: uint32(h.qemuGID)},
+		record: func(*vmNetwork) error { t.Error("a changed network was recorded"); return nil }, undo: &undo2})
+	if !errdefs.IsFailedPrecondition(err) ||
 		!strings.Contains(err.Error(), "changed since its sandbox") {
 		t.Errorf("changed network: %v", err)
 	}
@@ -151,9 +166,9 @@ func TestSetupNetworkFailsHalfway(t *testing.T) {
 	}
 	var undo rollback
 	var recorded *vmNetwork
-	_, _, err = setupNetwork(context.Background(), h, netns, nil, "dom-half", "0123456789abcdef", 1,
-		vm.Identity{UID: uint32(h.qemuUID), GID: uint32(h.qemuGID)},
-		func(n *vmNetwork) error { c := *n; recorded = &c; return nil }, &undo)
+	_, _, err = planAndSetup(h, netns, nil, netSetup{domain: "dom-half", key: "0123456789abcdef", vcpus: 1,
+		id:     vm.Identity{UID: uint32(h.qemuUID), GID: uint32(h.qemuGID)},
+		record: func(n *vmNetwork) error { c := *n; recorded = &c; return nil }, undo: &undo})
 	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "pod interface net1") {
 		t.Fatalf("got %v, want FailedPrecondition naming net1", err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/containerd/errdefs"
@@ -13,46 +12,8 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
-	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vmplan"
 )
-
-// hotplugMaxVCPUs is the most vCPUs a VM of vcpus may have live: the
-// annotation, else the config's hotplug_max_vcpus, never below vcpus. A
-// dedicated VM pins each vCPU to its own host CPU and cannot grow.
-func hotplugMaxVCPUs(spec *specs.Spec, cfg Config, vcpus int, mode numa.Mode) (int, error) {
-	return hotplugMax(spec, hotplugLimit{annotations.MaxVCPUs, "vCPUs", "max_vcpus", cfg.MaxVCPUs, cfg.HotplugMaxVCPUs}, vcpus, mode)
-}
-
-// hotplugLimit is one resource a VM may grow live: its annotation, its
-// unit, and the config's bound and default.
-type hotplugLimit struct {
-	annotation, unit, boundKey string
-	bound, def                 int
-}
-
-// hotplugMax is the most of a resource a VM starting with cur may have
-// live: the annotation (a whole number from cur to the bound), else the
-// config's default, never below cur. A dedicated VM's reservation cannot
-// change live, so it gets cur.
-func hotplugMax(spec *specs.Spec, l hotplugLimit, cur int, mode numa.Mode) (int, error) {
-	v, ok := spec.Annotations[l.annotation]
-	if !ok {
-		if mode == numa.ModeDedicated {
-			return cur, nil
-		}
-		return max(cur, l.def), nil
-	}
-	n, err := strconv.Atoi(strings.TrimSpace(v))
-	if err != nil || n < cur || n > l.bound {
-		return 0, fmt.Errorf("annotation %s = %q: want a whole number from the VM's %d %s to %s %d: %w", l.annotation, v, cur, l.unit, l.boundKey,
-			l.bound, errdefs.ErrInvalidArgument)
-	}
-	if n > cur && mode == numa.ModeDedicated {
-		return 0, fmt.Errorf("annotation %s = %q: a VM in numa-mode dedicated cannot grow its %s live: %w", l.annotation, v, l.unit,
-			errdefs.ErrInvalidArgument)
-	}
-	return n, nil
-}
 
 // resources decodes the LinuxResources of a task update (containerd
 // sends them as JSON under runtime-spec's type URL).
@@ -65,25 +26,6 @@ func updateResources(a *anypb.Any) (*specs.LinuxResources, error) {
 		return nil, fmt.Errorf("decode LinuxResources: %v: %w", err, errdefs.ErrInvalidArgument)
 	}
 	return &r, nil
-}
-
-// vmSize is what a resize asks of a VM.
-type resizeTarget struct{ vcpus, memMiB int }
-
-// resizeTargetFrom reads the VM's new size from updated resources, as
-// Create reads it from the spec: CPU quota/period rounded up to whole
-// vCPUs, the memory limit in MiB. What the update leaves out (or sets
-// unlimited) stays as it is.
-func resizeTargetFrom(r *specs.LinuxResources, vcpus, memMiB int) resizeTarget {
-	t := resizeTarget{vcpus: vcpus, memMiB: memMiB}
-	if c := r.CPU; c != nil && c.Quota != nil && *c.Quota > 0 && c.Period != nil && *c.Period > 0 {
-		q, p := uint64(*c.Quota), *c.Period
-		t.vcpus = int((q + p - 1) / p)
-	}
-	if m := r.Memory; m != nil && m.Limit != nil && *m.Limit > 0 {
-		t.memMiB = int((*m.Limit + mib - 1) / mib)
-	}
-	return t
 }
 
 // update resizes a running VM live: vCPUs follow the CPU limit (fewer are
@@ -104,23 +46,23 @@ func (t *vmTask) update(ctx context.Context, r *specs.LinuxResources) error {
 	}
 	cur, plugged = t.syncVCPUsLocked(ctx, cur, plugged)
 	mem = t.syncMemoryLocked(ctx, mem)
-	want := resizeTargetFrom(r, cur, mem)
-	if err := t.mem.checkMemory(t.id, want.memMiB); err != nil {
+	want := vmplan.ResizeTargetFrom(r, cur, mem)
+	if err := t.mem.checkMemory(t.id, want.MemMiB); err != nil {
 		return err
 	}
 	switch {
-	case want.vcpus > t.maxVCPUs:
+	case want.VCPUs > t.maxVCPUs:
 		return fmt.Errorf("resize %s: linux.resources.cpu asks for %d vCPUs, more than the %d the VM may grow to (annotation %s, config "+
 			"hotplug_max_vcpus): %w",
-			t.id, want.vcpus, t.maxVCPUs, annotations.MaxVCPUs, errdefs.ErrInvalidArgument)
-	case want.vcpus == cur && want.memMiB == mem:
+			t.id, want.VCPUs, t.maxVCPUs, annotations.MaxVCPUs, errdefs.ErrInvalidArgument)
+	case want.VCPUs == cur && want.MemMiB == mem:
 		return nil
 	}
-	l := log.G(ctx).WithField("vm", t.rec.Domain).WithField("from", cur).WithField("to", want.vcpus).WithField("plugged", plugged).
-		WithField("fromMiB", mem).WithField("toMiB", want.memMiB)
+	l := log.G(ctx).WithField("vm", t.rec.Domain).WithField("from", cur).WithField("to", want.VCPUs).WithField("plugged", plugged).
+		WithField("fromMiB", mem).WithField("toMiB", want.MemMiB)
 	var undo rollback
 	if t.rec.NUMAOwner != "" && t.h.numa != nil {
-		if _, err := t.h.numa.Resize(t.rec.NUMAOwner, want.vcpus, want.memMiB); err != nil {
+		if _, err := t.h.numa.Resize(t.rec.NUMAOwner, want.VCPUs, want.MemMiB); err != nil {
 			return fmt.Errorf("resize %s: %w", t.id, err)
 		}
 		undo.add(func() {
@@ -129,19 +71,19 @@ func (t *vmTask) update(ctx context.Context, r *specs.LinuxResources) error {
 			}
 		})
 	}
-	if want.vcpus != cur {
-		if err := t.setVCPUs(l, cur, plugged, want.vcpus, &undo); err != nil {
+	if want.VCPUs != cur {
+		if err := t.setVCPUs(l, cur, plugged, want.VCPUs, &undo); err != nil {
 			undo.run()
-			return fmt.Errorf("resize %s to %d vCPUs (linux.resources.cpu): %w", t.id, want.vcpus, err)
+			return fmt.Errorf("resize %s to %d vCPUs (linux.resources.cpu): %w", t.id, want.VCPUs, err)
 		}
 	}
-	if plug, old := t.mem.plugFor(want.memMiB), t.mem.plugFor(mem); plug != old {
+	if plug, old := t.mem.plugFor(want.MemMiB), t.mem.plugFor(mem); plug != old {
 		if err := t.setMemory(ctx, plug, old); err != nil {
 			undo.run()
-			return fmt.Errorf("resize %s to %d MiB (linux.resources.memory.limit): %w", t.id, want.memMiB, err)
+			return fmt.Errorf("resize %s to %d MiB (linux.resources.memory.limit): %w", t.id, want.MemMiB, err)
 		}
 	}
-	withLock(&t.mu, func() { t.vcpus, t.plugged, t.memMiB = want.vcpus, max(plugged, want.vcpus), want.memMiB })
+	withLock(&t.mu, func() { t.vcpus, t.plugged, t.memMiB = want.VCPUs, max(plugged, want.VCPUs), want.MemMiB })
 	l.Info("resized VM")
 	return nil
 }

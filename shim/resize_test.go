@@ -12,49 +12,12 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/numa"
 )
 
 func cpuResources(quota int64) *specs.LinuxResources {
 	period := uint64(100000)
 	return &specs.LinuxResources{CPU: &specs.LinuxCPU{Quota: &quota, Period: &period}}
-}
-
-func TestHotplugMaxVCPUs(t *testing.T) {
-	cfg := DefaultConfig() // hotplug_max_vcpus 4, max_vcpus 64
-	for _, c := range []struct {
-		ann   string
-		vcpus int
-		mode  numa.Mode
-		want  int
-		err   bool
-	}{
-		{"", 1, numa.ModeNode, 4, false},
-		{"", 6, numa.ModeNode, 6, false},
-		{"", 1, numa.ModeDedicated, 1, false},
-		{"8", 2, numa.ModeNode, 8, false},
-		{"2", 2, numa.ModeDedicated, 2, false},
-		{"1", 2, numa.ModeNode, 0, true},
-		{"65", 2, numa.ModeNode, 0, true},
-		{"four", 2, numa.ModeNode, 0, true},
-		{"4", 2, numa.ModeDedicated, 0, true},
-	} {
-		spec := &specs.Spec{Annotations: map[string]string{}}
-		if c.ann != "" {
-			spec.Annotations[annotations.MaxVCPUs] = c.ann
-		}
-		got, err := hotplugMaxVCPUs(spec, cfg, c.vcpus, c.mode)
-		if c.err {
-			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), annotations.MaxVCPUs) {
-				t.Errorf("%q with %d vCPUs (%s): %v, want InvalidArgument naming the annotation", c.ann, c.vcpus, c.mode, err)
-			}
-			continue
-		}
-		if err != nil || got != c.want {
-			t.Errorf("%q with %d vCPUs (%s) = %d, %v; want %d", c.ann, c.vcpus, c.mode, got, err, c.want)
-		}
-	}
 }
 
 func TestUpdateResourcesDecodes(t *testing.T) {

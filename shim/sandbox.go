@@ -16,6 +16,7 @@ import (
 	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/atomicfile"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/procfs"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vmplan"
 )
 
 // sandboxTask is the pod's sandbox ("pause") container. No VM runs for
@@ -31,7 +32,7 @@ type sandboxTask struct {
 	podNet *netfd.PodNetwork
 }
 
-func createSandboxTask(ctx context.Context, l layout, r createRequest, ident vmIdentity, publish func(any)) (*sandboxTask, error) {
+func createSandboxTask(ctx context.Context, l layout, r createRequest, ident vmplan.Identity, publish func(any)) (*sandboxTask, error) {
 	t := &sandboxTask{
 		proc:   newProc(r.id, r.bundle, r.stdio, publish),
 		layout: l,

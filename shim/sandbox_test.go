@@ -14,13 +14,15 @@ import (
 	"github.com/opencontainers/runtime-spec/specs-go/features"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vmplan"
 )
 
 func newSandbox(t *testing.T, l layout, id, podUID string) *sandboxTask {
 	t.Helper()
 	spec := &specs.Spec{Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.NetworkNamespace, Path: "/var/run/netns/cni-1"}}}}
 	sb, err := createSandboxTask(context.Background(), l, createRequest{id: id, bundle: t.TempDir(), spec: spec},
-		vmIdentity{Namespace: "k8s.io", PodUID: podUID}, func(any) {})
+		vmplan.Identity{Namespace: "k8s.io", PodUID: podUID}, func(any) {})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v2"
 	"github.com/containerd/containerd/api/types"
 	apitask "github.com/containerd/containerd/api/types/task"
+
 	// Only for ToGRPC (the module at v0.3.0 has no gRPC mapping); the
 	// error classes come from github.com/containerd/errdefs, as everywhere.
 	errgrpc "github.com/containerd/containerd/errdefs"
@@ -27,9 +28,11 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/config"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/faultpoint"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/netfd"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vmplan"
 )
 
 // CRI's annotations on the OCI spec that the shim reads.
@@ -77,11 +80,11 @@ type service struct {
 	hostClosed bool      // guarded by hostMu; set by Shutdown
 	hostErr    error     // guarded by hostMu; the last failed attempt to make the host
 	hostErrAt  time.Time // guarded by hostMu; when it failed
-	newHost    func(context.Context, Config, vm.KVMInfo) (*host, error)
+	newHost    func(context.Context, config.Config, vm.KVMInfo) (*host, error)
 
 	mu    sync.Mutex
 	tasks map[string]taskRunner // guarded by mu
-	cfg   *Config               // guarded by mu; loaded at the first Create
+	cfg   *config.Config        // guarded by mu; loaded at the first Create
 	host  *host                 // guarded by mu, set under hostMu; made at the first VM Create or ahead of it
 }
 
@@ -448,7 +451,7 @@ func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 }
 
 // config loads the shim config at the first Create; later Creates reuse it.
-func (s *service) config(options *anypb.Any) (*Config, error) {
+func (s *service) config(options *anypb.Any) (*config.Config, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cfg != nil {
@@ -458,7 +461,7 @@ func (s *service) config(options *anypb.Any) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := LoadConfig(path)
+	cfg, err := config.Load(path)
 	if err != nil {
 		return nil, err
 	}
@@ -470,7 +473,7 @@ func (s *service) config(options *anypb.Any) (*Config, error) {
 // vmHost connects to libvirt at the first VM Create (or returns the
 // connection prepareHost made) and starts following its reconnects.
 // Other calls go on meanwhile: only hostMu is held while it connects.
-func (s *service) vmHost(ctx context.Context, cfg *Config) (*host, error) {
+func (s *service) vmHost(ctx context.Context, cfg *config.Config) (*host, error) {
 	arrived := time.Now()
 	s.hostMu.Lock()
 	defer s.hostMu.Unlock()
@@ -497,7 +500,8 @@ func (s *service) vmHost(ctx context.Context, cfg *Config) (*host, error) {
 	// again, and a sweep running beside that Create could undefine the
 	// new definition between its Define and its Start. A CRI pod's
 	// sandbox start (prepareHost) does it ahead of the pod's first VM.
-	sweep(context.WithoutCancel(ctx), h.layout, h.conn, h.fdSocketDir, h.releaseHeld, time.Now())
+	scope := sweepScope{layout: h.layout, conn: h.conn, fdSocketDir: h.fdSocketDir, release: h.releaseHeld}
+	sweep(context.WithoutCancel(ctx), scope, time.Now())
 	withLock(&s.mu, func() { s.host = h })
 	goSafe(ctx, "follow libvirt events", func() { s.followEvents(context.WithoutCancel(ctx), h) })
 	return h, nil
@@ -507,7 +511,7 @@ func (s *service) vmHost(ctx context.Context, cfg *Config) (*host, error) {
 // starts, so the pod's first VM Create finds it ready. A failure is only
 // logged here: a VM Create that waited for this attempt reports its
 // error, a later one tries again.
-func (s *service) prepareHost(ctx context.Context, cfg *Config) {
+func (s *service) prepareHost(ctx context.Context, cfg *config.Config) {
 	if _, err := s.vmHost(ctx, cfg); err != nil {
 		log.G(ctx).WithError(err).Debug("connect to libvirt ahead of the pod's VMs")
 	}
@@ -584,10 +588,10 @@ func readSpec(bundle string) (*specs.Spec, error) {
 	return &spec, nil
 }
 
-func identity(ctx context.Context, id string, spec *specs.Spec) vmIdentity {
+func identity(ctx context.Context, id string, spec *specs.Spec) vmplan.Identity {
 	ns, _ := namespaces.Namespace(ctx)
 	a := spec.Annotations
-	return vmIdentity{
+	return vmplan.Identity{
 		Namespace: ns, ContainerID: id, SandboxID: a[annSandboxID],
 		PodUID: a[annSandboxUID], PodName: a[annSandboxName], PodNamespace: a[annSandboxNS],
 		ContainerName: a[annContainerName],

@@ -11,6 +11,7 @@ import (
 	"github.com/containerd/containerd/pkg/shutdown"
 	"github.com/containerd/errdefs"
 
+	"github.com/kvm-shim/containerd-shim-kvm-v1/config"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
 
@@ -25,7 +26,7 @@ type hostFake struct {
 	closes   atomic.Int32
 }
 
-func (f *hostFake) newHost(context.Context, Config, vm.KVMInfo) (*host, error) {
+func (f *hostFake) newHost(context.Context, config.Config, vm.KVMInfo) (*host, error) {
 	f.connects.Add(1)
 	if f.release != nil {
 		<-f.release
@@ -71,7 +72,7 @@ func newTestService(t *testing.T, f *hostFake) *service {
 func TestVMHostConnectsOutsideTheServiceLock(t *testing.T) {
 	f := &hostFake{release: make(chan struct{})}
 	s := newTestService(t, f)
-	cfg := &Config{}
+	cfg := &config.Config{}
 	hosts := make(chan *host, 2)
 	for range 2 {
 		go func() {
@@ -108,7 +109,7 @@ func TestVMHostConnectsOutsideTheServiceLock(t *testing.T) {
 func TestShutdownClosesThePreparedHost(t *testing.T) {
 	f := &hostFake{release: make(chan struct{})}
 	s := newTestService(t, f)
-	cfg := &Config{}
+	cfg := &config.Config{}
 	prepared := make(chan struct{})
 	go func() { s.prepareHost(context.Background(), cfg); close(prepared) }()
 	f.connecting()
@@ -137,7 +138,7 @@ func TestShutdownClosesThePreparedHost(t *testing.T) {
 func TestShutdownKeepsTheHostWhileTasksRemain(t *testing.T) {
 	f := &hostFake{}
 	s := newTestService(t, f)
-	if _, err := s.vmHost(context.Background(), &Config{}); err != nil {
+	if _, err := s.vmHost(context.Background(), &config.Config{}); err != nil {
 		t.Fatal(err)
 	}
 	s.tasks["vm1"] = &vmTask{}
@@ -147,7 +148,7 @@ func TestShutdownKeepsTheHostWhileTasksRemain(t *testing.T) {
 	if n := f.closes.Load(); n != 0 {
 		t.Fatalf("host closed %d times with a task left", n)
 	}
-	if _, err := s.vmHost(context.Background(), &Config{}); err != nil {
+	if _, err := s.vmHost(context.Background(), &config.Config{}); err != nil {
 		t.Fatalf("vmHost after a Shutdown that kept the shim: %v", err)
 	}
 }
@@ -157,7 +158,7 @@ func TestShutdownWithTasksLeftDoesNotWait(t *testing.T) {
 	defer close(f.release)
 	s := newTestService(t, f)
 	s.tasks["sandbox"] = &sandboxTask{}
-	go s.prepareHost(context.Background(), &Config{})
+	go s.prepareHost(context.Background(), &config.Config{})
 	f.connecting()
 	// containerd asks after every task's Delete, with a timeout: the
 	// answer must not wait for the connect in progress.
@@ -172,12 +173,12 @@ func TestShutdownWithTasksLeftDoesNotWait(t *testing.T) {
 func TestFailedPrepareAnswersTheWaitingCreate(t *testing.T) {
 	f := &hostFake{release: make(chan struct{}), err: errors.New("libvirtd is down")}
 	s := newTestService(t, f)
-	go s.prepareHost(context.Background(), &Config{})
+	go s.prepareHost(context.Background(), &config.Config{})
 	f.connecting()
 	// A VM Create arrives while prepareHost dials, and gets its failure
 	// instead of dialing a second time.
 	got := make(chan error, 1)
-	go func() { _, err := s.vmHost(context.Background(), &Config{}); got <- err }()
+	go func() { _, err := s.vmHost(context.Background(), &config.Config{}); got <- err }()
 	time.Sleep(20 * time.Millisecond)
 	close(f.release)
 	if err := <-got; err == nil || err.Error() != "libvirtd is down" {
@@ -187,7 +188,7 @@ func TestFailedPrepareAnswersTheWaitingCreate(t *testing.T) {
 		t.Fatalf("%d connects, want 1", n)
 	}
 	// A later Create tries again.
-	if _, err := s.vmHost(context.Background(), &Config{}); err == nil {
+	if _, err := s.vmHost(context.Background(), &config.Config{}); err == nil {
 		t.Fatal("want the fake's error again")
 	}
 	if n := f.connects.Load(); n != 2 {

@@ -62,12 +62,22 @@ func ownerGone(vmDir string, now time.Time) bool {
 	return !markerAlive(filepath.Join(vmDir, ownerFile))
 }
 
-// sweep releases the domains and runtime dirs under l that belong to no
-// live VM, and logs each. fdSocketDir holds the VMs' descriptor sockets;
-// releaseNUMA (nil: nothing to give back) gives back a swept VM's NUMA
-// reservation and host identity by its owner key. Errors are logged: the sweep is tried again by the next
-// shim.
-func sweep(ctx context.Context, l layout, conn sweeper, fdSocketDir string, releaseNUMA func(owner string) error, now time.Time) {
+// sweepScope is what a sweep looks at: the state dir's layout, libvirt,
+// the dir of the VMs' descriptor sockets, and release (nil: nothing to
+// give back), which gives back a swept VM's NUMA reservation and host
+// identity by its owner key.
+type sweepScope struct {
+	layout      layout
+	conn        sweeper
+	fdSocketDir string
+	release     func(owner string) error
+}
+
+// sweep releases the domains and runtime dirs of s that belong to no live
+// VM, and logs each. Errors are logged: the sweep is tried again by the
+// next shim.
+func sweep(ctx context.Context, s sweepScope, now time.Time) {
+	l, conn, fdSocketDir, releaseNUMA := s.layout, s.conn, s.fdSocketDir, s.release
 	doms, err := conn.Domains()
 	if err != nil {
 		log.G(ctx).WithError(err).Warn("sweep: list domains; nothing swept")

@@ -76,10 +76,10 @@ func TestSweepReleasesOnlyWhatBelongsToNoLiveVM(t *testing.T) {
 	dom("kvm-no-dir", l.vmDir("vanished"), false)
 
 	var released []string
-	sweep(context.Background(), l, f, fdDir, func(owner string) error {
+	sweep(context.Background(), sweepScope{layout: l, conn: f, fdSocketDir: fdDir, release: func(owner string) error {
 		released = append(released, owner)
 		return nil
-	}, now)
+	}}, now)
 
 	var left []string
 	for name := range f.doms {
@@ -165,10 +165,10 @@ func TestSweepSparesANameDefinedAnew(t *testing.T) {
 		f.mu.Unlock()
 	}
 	var released []string
-	sweep(context.Background(), l, f, fdDir, func(owner string) error {
+	sweep(context.Background(), sweepScope{layout: l, conn: f, fdSocketDir: fdDir, release: func(owner string) error {
 		released = append(released, owner)
 		return nil
-	}, time.Now())
+	}}, time.Now())
 
 	if d, ok := f.doms["kvm-pod"]; !ok || d.meta.ContainerID != "new" {
 		t.Errorf("the new definition of kvm-pod was undefined (calls %v)", f.called())

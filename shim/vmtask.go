@@ -24,6 +24,9 @@ import (
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
 
+// mib is a MiB in bytes.
+const mib = 1 << 20
+
 // vmTask is a container that runs as a libvirt domain. Its pid is QEMU's.
 type vmTask struct {
 	proc

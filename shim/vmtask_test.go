@@ -22,8 +22,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/config"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/configdrive"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vmplan"
 )
 
 type eventLog struct {
@@ -59,11 +61,12 @@ type vmFixture struct {
 	cgroupsPath string
 	stdio       stdio  // the task's
 	id          string // the container's id; "" is vm1
+	netns       string // the pod's network namespace given to Create; "" for none
 }
 
 func newVMFixture(t *testing.T) *vmFixture {
 	state := t.TempDir()
-	cfg := DefaultConfig()
+	cfg := config.Default()
 	cfg.StateDir = state
 	cfg.VMIDRange, cfg.VMIDStateFile = testIDRange, filepath.Join(state, "ids.json")
 	ids, err := openIDs(cfg)
@@ -111,8 +114,8 @@ func (f *vmFixture) createSpec(spec *specs.Spec) (*vmTask, error) {
 	if id == "" {
 		id = "vm1"
 	}
-	ident := vmIdentity{Namespace: "default", ContainerID: id}
-	req := createRequest{id: id, bundle: f.bundle, spec: spec, stdio: f.stdio}
+	ident := vmplan.Identity{Namespace: "default", ContainerID: id}
+	req := createRequest{id: id, bundle: f.bundle, spec: spec, stdio: f.stdio, netns: f.netns}
 	vt, err := createVMTask(context.Background(), f.host, req, ident, f.events.publish)
 	if err == nil {
 		// Tests that never delete the task must not leave bind mounts
@@ -711,9 +714,9 @@ func TestCreateVMTaskBadInputLeavesNothing(t *testing.T) {
 func TestCreateVMTaskConfigDriveFailureLeavesNothing(t *testing.T) {
 	f := newVMFixture(t)
 	f.kernelRootfs()
-	ident := vmIdentity{Namespace: "default", ContainerID: "vm1"}
+	ident := vmplan.Identity{Namespace: "default", ContainerID: "vm1"}
 	// A directory where the drive's image goes makes the build fail.
-	vmDir := f.host.layout.vmDir(ident.runtimeKey())
+	vmDir := f.host.layout.vmDir(ident.RuntimeKey())
 	if err := os.MkdirAll(filepath.Join(vmDir, "config-2.img", "x"), 0o755); err != nil {
 		t.Fatal(err)
 	}

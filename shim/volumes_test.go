@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/config"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/testenv"
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
@@ -48,103 +49,16 @@ func criSpec(volumes []specs.Mount, devices []specs.LinuxDevice) *specs.Spec {
 	}
 }
 
-func TestClassifyVolumes(t *testing.T) {
-	spec := criSpec([]specs.Mount{
-		{Destination: "/etc/app", Type: "bind", Source: "/k/configmap/app", Options: []string{"rbind", "rprivate", "ro"}},
-		{Destination: "/cache", Source: "/k/empty-dir/cache", Options: []string{"rbind", "rprivate", "rw"}},
-		{Destination: "/dev/xvda", Type: "bind", Source: "/k/plugins/dev/uid", Options: []string{"rbind"}},
-		// A terminationMessagePath other than /dev/termination-log.
-		{Destination: "/tmp/done", Type: "bind", Source: "/var/lib/kubelet/pods/uid-1/containers/vm/4f2a1b3c", Options: []string{"rbind", "rw"}},
-	}, []specs.LinuxDevice{{Path: "/dev/xvda", Type: "b", Major: 7, Minor: 3}})
-	// CRI writes a read-only device's rule with access "r".
-	spec.Linux.Devices = append(spec.Linux.Devices, specs.LinuxDevice{Path: "/dev/xvdb", Type: "b", Major: 7, Minor: 4})
-	four, seven := int64(4), int64(7)
-	spec.Linux.Resources.Devices = append(spec.Linux.Resources.Devices,
-		specs.LinuxDeviceCgroup{Allow: true, Type: "b", Major: &seven, Minor: &four, Access: "rm"})
-
-	got, err := classifyVolumes(context.Background(), spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []volume{
-		{kind: volDevice, dest: "/dev/xvda", major: 7, minor: 3},
-		{kind: volDevice, dest: "/dev/xvdb", major: 7, minor: 4, readOnly: true},
-		{kind: volBind, dest: "/etc/app", source: "/k/configmap/app", readOnly: true},
-		{kind: volBind, dest: "/cache", source: "/k/empty-dir/cache"},
-	}
-	if len(got) != len(want) {
-		t.Fatalf("volumes %+v\nwant %+v", got, want)
-	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Errorf("volume %d = %+v, want %+v", i, got[i], want[i])
-		}
-	}
-}
-
-func TestClassifyVolumesRefuses(t *testing.T) {
-	for name, spec := range map[string]*specs.Spec{
-		"character device": criSpec(nil, []specs.LinuxDevice{{Path: "/dev/fuse", Type: "c", Major: 10, Minor: 229}}),
-		"line break in a path": criSpec([]specs.Mount{
-			{Destination: "/a\nshare x rw /etc", Type: "bind", Source: "/k/a", Options: []string{"rbind"}},
-		}, nil),
-	} {
-		_, err := classifyVolumes(context.Background(), spec)
-		if !errors.Is(err, errdefs.ErrInvalidArgument) {
-			t.Errorf("%s: err = %v, want InvalidArgument", name, err)
-		}
-	}
-	_, err := classifyVolumes(context.Background(), criSpec(nil, []specs.LinuxDevice{{Path: "/dev/fuse", Type: "c", Major: 10, Minor: 229}}))
-	if err == nil || !strings.Contains(err.Error(), "/dev/fuse") {
-		t.Errorf("the error does not name the device: %v", err)
-	}
-}
-
-func TestDiskImageSizes(t *testing.T) {
-	spec := &specs.Spec{Annotations: map[string]string{annotations.DiskImages: "/data=1Gi, /scratch/=512Mi"}}
-	got, err := diskImageSizes(spec)
-	if err != nil || got["/data"] != 1<<30 || got["/scratch"] != 512<<20 || len(got) != 2 {
-		t.Errorf("sizes %v, %v", got, err)
-	}
-	for _, bad := range []string{"", "/data", "data=1Gi", "/data=", "/data=-1", "/data=1Xi", "/data=99999999999Ti"} {
-		spec.Annotations[annotations.DiskImages] = bad
-		if _, err := diskImageSizes(spec); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), annotations.DiskImages) {
-			t.Errorf("%q: err = %v, want InvalidArgument naming the annotation", bad, err)
-		}
-	}
-}
-
-func TestGuestNames(t *testing.T) {
-	vols := []volume{
-		{dest: "/etc/app"}, {dest: "/dev/xvda"}, {dest: "/"}, {dest: "/my data/ä"},
-		{dest: "/a-b"}, {dest: "/a/b"},
-		{dest: "/var/lib/very/long/path/name"},
-	}
-	got := guestNames(vols, 20)
-	want := []string{"etc-app", "dev-xvda", "root", "my_data-_", "a-b-", "a-b-", "var-lib-ver-"}
-	for i, w := range want {
-		if !strings.HasPrefix(got[i], w) || len(got[i]) > 20 {
-			t.Errorf("name of %s = %q, want %q...", vols[i].dest, got[i], w)
-		}
-	}
-	if got[4] == got[5] {
-		t.Errorf("/a-b and /a/b share the name %q", got[4])
-	}
-	if again := guestNames(vols, 20); strings.Join(again, " ") != strings.Join(got, " ") {
-		t.Errorf("names are not stable: %q then %q", got, again)
-	}
-}
-
 // volumeFixture is a VM fixture with a direct-boot image, run as root
 // (bind mounts, chown to the QEMU user).
 func volumeFixture(t *testing.T) *vmFixture {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: bind mounts and chown")
 	}
-	if _, _, err := lookupQEMUUser(DefaultConfig().QEMUUser); err != nil {
+	if _, _, err := lookupQEMUUser(config.Default().QEMUUser); err != nil {
 		t.Skipf("no QEMU user: %v", err)
 	}
-	if _, err := os.Stat(DefaultConfig().QEMUImg); err != nil {
+	if _, err := os.Stat(config.Default().QEMUImg); err != nil {
 		t.Skip("qemu-img not installed")
 	}
 	f := newVMFixture(t)

@@ -1,14 +1,14 @@
-package shim
+package vmplan
 
 import (
-	"os"
 	"strings"
 	"testing"
 
 	"github.com/containerd/errdefs"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/config"
 )
 
 func specWith(quota int64, period uint64, limit int64, ann map[string]string) *specs.Spec {
@@ -23,7 +23,7 @@ func specWith(quota int64, period uint64, limit int64, ann map[string]string) *s
 }
 
 func TestVMSize(t *testing.T) {
-	cfg := DefaultConfig()
+	cfg := config.Default()
 	cases := []struct {
 		name       string
 		spec       *specs.Spec
@@ -48,7 +48,7 @@ func TestVMSize(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			v, m, err := vmSize(tc.spec, cfg)
+			v, m, err := Size(tc.spec, cfg)
 			if tc.errWants != "" {
 				if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), tc.errWants) {
 					t.Fatalf("want InvalidArgument naming %q, got %v", tc.errWants, err)
@@ -63,56 +63,16 @@ func TestVMSize(t *testing.T) {
 }
 
 func TestKernelCmdline(t *testing.T) {
-	cfg := DefaultConfig()
-	if got, _ := kernelCmdline(&specs.Spec{}, cfg); got != cfg.KernelCmdline {
+	cfg := config.Default()
+	if got, _ := KernelCmdline(&specs.Spec{}, cfg); got != cfg.KernelCmdline {
 		t.Errorf("default: %q", got)
 	}
 	s := &specs.Spec{Annotations: map[string]string{annotations.KernelCmdline: "console=ttyS0 quiet"}}
-	if got, _ := kernelCmdline(s, cfg); got != "console=ttyS0 quiet" {
+	if got, _ := KernelCmdline(s, cfg); got != "console=ttyS0 quiet" {
 		t.Errorf("annotation: %q", got)
 	}
 	s.Annotations[annotations.KernelCmdline] = "a\nb"
-	if _, err := kernelCmdline(s, cfg); !errdefs.IsInvalidArgument(err) {
+	if _, err := KernelCmdline(s, cfg); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("newline accepted: %v", err)
-	}
-}
-
-func TestLoadConfig(t *testing.T) {
-	dir := t.TempDir()
-	write := func(body string) string {
-		p := dir + "/c.toml"
-		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	cfg, err := LoadConfig(write("accel = \"tcg\"\nstate_dir = \"/srv/kvm\"\ndefault_memory_mib = 256\n"))
-	if err != nil || cfg.Accel != "tcg" || cfg.StateDir != "/srv/kvm" || cfg.DefaultMemoryMiB != 256 || cfg.Machine != "q35" {
-		t.Fatalf("got %+v, %v", cfg, err)
-	}
-	for body, want := range map[string]string{
-		"acel = \"tcg\"\n":           "acel",
-		"accel = \"hvf\"\n":          "hvf",
-		"state_dir = \"relative\"\n": "state_dir",
-		"default_vcpus = 0\n":        "default_vcpus",
-		"accel = \n":                 "c.toml",
-	} {
-		if _, err := LoadConfig(write(body)); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), want) {
-			t.Errorf("%q: want InvalidArgument naming %q, got %v", body, want, err)
-		}
-	}
-	if _, err := LoadConfig(dir + "/missing.toml"); err == nil {
-		t.Error("a missing explicit config was accepted")
-	}
-}
-
-// The shipped example must parse and document exactly the defaults.
-func TestExampleConfigIsDefaults(t *testing.T) {
-	cfg, err := LoadConfig("../config.example.toml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cfg != DefaultConfig() {
-		t.Errorf("config.example.toml differs from DefaultConfig():\n%+v\n%+v", cfg, DefaultConfig())
 	}
 }

@@ -1,4 +1,4 @@
-package shim
+package vmplan
 
 import (
 	"fmt"
@@ -6,21 +6,21 @@ import (
 	"strings"
 
 	"github.com/containerd/errdefs"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/annotations"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/config"
 )
 
 const (
-	minMemoryMiB     = 64
 	maxKernelCmdline = 2048 // x86 COMMAND_LINE_SIZE
 	mib              = 1 << 20
 )
 
-// vmSize picks vCPUs and memory: an annotation wins, else the OCI spec's
+// Size picks vCPUs and memory: an annotation wins, else the OCI spec's
 // CPU quota/period and memory limit (as kubelet sets them from the
 // container's limits), else the config's defaults.
-func vmSize(spec *specs.Spec, cfg Config) (vcpus, memoryMiB int, err error) {
+func Size(spec *specs.Spec, cfg config.Config) (vcpus, memoryMiB int, err error) {
 	vcpus, memoryMiB = cfg.DefaultVCPUs, cfg.DefaultMemoryMiB
 	if r := resources(spec); r != nil {
 		if c := r.CPU; c != nil && c.Quota != nil && *c.Quota > 0 && c.Period != nil && *c.Period > 0 {
@@ -47,7 +47,7 @@ func vmSize(spec *specs.Spec, cfg Config) (vcpus, memoryMiB int, err error) {
 		vcpus = n
 	}
 	if v, ok := spec.Annotations[annotations.Memory]; ok {
-		b, err := parseSize(v)
+		b, err := ParseSize(v)
 		if err != nil {
 			return 0, 0, fmt.Errorf("annotation %s = %q: %v: %w", annotations.Memory, v, err, errdefs.ErrInvalidArgument)
 		}
@@ -59,6 +59,7 @@ func vmSize(spec *specs.Spec, cfg Config) (vcpus, memoryMiB int, err error) {
 	return vcpus, memoryMiB, nil
 }
 
+// resources is the spec's linux.resources, nil when it sets none.
 func resources(spec *specs.Spec) *specs.LinuxResources {
 	if spec.Linux == nil {
 		return nil
@@ -66,9 +67,11 @@ func resources(spec *specs.Spec) *specs.LinuxResources {
 	return spec.Linux.Resources
 }
 
-func checkMemory(m int, cfg Config, source string) error {
-	if m < minMemoryMiB || m > cfg.MaxMemoryMiB {
-		return fmt.Errorf("%s gives %d MiB of guest memory; want %d to %d MiB: %w", source, m, minMemoryMiB, cfg.MaxMemoryMiB,
+// checkMemory refuses guest memory outside the config's bounds, naming
+// source, the field that asked for it.
+func checkMemory(m int, cfg config.Config, source string) error {
+	if m < config.MinMemoryMiB || m > cfg.MaxMemoryMiB {
+		return fmt.Errorf("%s gives %d MiB of guest memory; want %d to %d MiB: %w", source, m, config.MinMemoryMiB, cfg.MaxMemoryMiB,
 			errdefs.ErrInvalidArgument)
 	}
 	return nil
@@ -82,8 +85,8 @@ var sizeSuffixes = []struct {
 	{"k", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12},
 }
 
-// parseSize reads a whole-number size with an optional Kubernetes suffix.
-func parseSize(s string) (int64, error) {
+// ParseSize reads a whole-number size with an optional Kubernetes suffix.
+func ParseSize(s string) (int64, error) {
 	s = strings.TrimSpace(s)
 	factor := int64(1)
 	for _, u := range sizeSuffixes {
@@ -102,8 +105,8 @@ func parseSize(s string) (int64, error) {
 	return n * factor, nil
 }
 
-// kernelCmdline returns the command line for a direct kernel boot.
-func kernelCmdline(spec *specs.Spec, cfg Config) (string, error) {
+// KernelCmdline returns the command line for a direct kernel boot.
+func KernelCmdline(spec *specs.Spec, cfg config.Config) (string, error) {
 	v, ok := spec.Annotations[annotations.KernelCmdline]
 	if !ok {
 		return cfg.KernelCmdline, nil

@@ -1,4 +1,6 @@
-package shim
+// Package config is the shim's TOML configuration: its keys, their
+// defaults, and the checks that refuse a bad file before any task runs.
+package config
 
 import (
 	"bytes"
@@ -18,8 +20,11 @@ import (
 	"github.com/kvm-shim/containerd-shim-kvm-v1/vm"
 )
 
-// DefaultConfigPath is read when the runtime options name no ConfigPath.
-const DefaultConfigPath = "/etc/containerd-shim-kvm-v1/config.toml"
+// MinMemoryMiB is the least guest memory a VM may have.
+const MinMemoryMiB = 64
+
+// DefaultPath is read when the runtime options name no ConfigPath.
+const DefaultPath = "/etc/containerd-shim-kvm-v1/config.toml"
 
 // Config is the shim's TOML configuration. Every field has a default; see
 // docs/configuration.md.
@@ -97,8 +102,8 @@ type Config struct {
 	VMIDStateFile string `toml:"vm_id_state_file"`
 }
 
-// DefaultConfig returns the built-in defaults.
-func DefaultConfig() Config {
+// Default returns the built-in defaults.
+func Default() Config {
 	return Config{
 		LibvirtURI:        "qemu:///system",
 		LibvirtSocket:     vm.DefaultSocket,
@@ -129,14 +134,14 @@ func DefaultConfig() Config {
 	}
 }
 
-// LoadConfig reads the config at path over the defaults. A missing file at
+// Load reads the config at path over the defaults. A missing file at
 // the default path means defaults; a missing file that was asked for, an
 // unknown key or a bad value is an error naming the problem.
-func LoadConfig(path string) (Config, error) {
-	cfg := DefaultConfig()
+func Load(path string) (Config, error) {
+	cfg := Default()
 	explicit := path != ""
 	if !explicit {
-		path = DefaultConfigPath
+		path = DefaultPath
 	}
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) && !explicit {
@@ -186,16 +191,16 @@ func (c *Config) validate() error {
 		return fmt.Errorf("virtiofsd = %q: must be an absolute path", c.Virtiofsd)
 	case c.MaxVCPUs < 1:
 		return fmt.Errorf("max_vcpus = %d: must be at least 1", c.MaxVCPUs)
-	case c.MaxMemoryMiB < minMemoryMiB:
-		return fmt.Errorf("max_memory_mib = %d: must be at least %d", c.MaxMemoryMiB, minMemoryMiB)
+	case c.MaxMemoryMiB < MinMemoryMiB:
+		return fmt.Errorf("max_memory_mib = %d: must be at least %d", c.MaxMemoryMiB, MinMemoryMiB)
 	case c.HotplugMaxVCPUs < 0 || c.HotplugMaxVCPUs > c.MaxVCPUs:
 		return fmt.Errorf("hotplug_max_vcpus = %d: must be between 0 and max_vcpus (%d)", c.HotplugMaxVCPUs, c.MaxVCPUs)
 	case c.HotplugMaxMemoryMiB < 0 || c.HotplugMaxMemoryMiB > c.MaxMemoryMiB:
 		return fmt.Errorf("hotplug_max_memory_mib = %d: must be between 0 and max_memory_mib (%d)", c.HotplugMaxMemoryMiB, c.MaxMemoryMiB)
 	case c.DefaultVCPUs < 1 || c.DefaultVCPUs > c.MaxVCPUs:
 		return fmt.Errorf("default_vcpus = %d: must be between 1 and max_vcpus (%d)", c.DefaultVCPUs, c.MaxVCPUs)
-	case c.DefaultMemoryMiB < minMemoryMiB || c.DefaultMemoryMiB > c.MaxMemoryMiB:
-		return fmt.Errorf("default_memory_mib = %d: must be between %d and max_memory_mib (%d)", c.DefaultMemoryMiB, minMemoryMiB, c.MaxMemoryMiB)
+	case c.DefaultMemoryMiB < MinMemoryMiB || c.DefaultMemoryMiB > c.MaxMemoryMiB:
+		return fmt.Errorf("default_memory_mib = %d: must be between %d and max_memory_mib (%d)", c.DefaultMemoryMiB, MinMemoryMiB, c.MaxMemoryMiB)
 	}
 	if _, _, err := vm.ChooseAccel(c.Accel, vm.KVMInfo{Usable: true}); err != nil {
 		return err
@@ -211,8 +216,21 @@ func (c *Config) validate() error {
 	if _, err := numa.ParseMode(c.NUMAMode); err != nil {
 		return fmt.Errorf("numa_mode: %v", err)
 	}
-	if _, err := c.numaPolicy(); err != nil {
+	if _, err := c.NUMAPolicy(); err != nil {
 		return err
 	}
 	return nil
+}
+
+// NUMAPolicy is the placement policy the config asks for.
+func (c *Config) NUMAPolicy() (numa.Policy, error) {
+	p := numa.Policy{CPUThreshold: c.CPUThreshold, MemThreshold: c.MemThreshold, AllowSpread: c.NUMAAllowSpread}
+	if c.ReservedCPUs != "" {
+		cpus, err := numa.ParseCPUList(c.ReservedCPUs)
+		if err != nil {
+			return p, fmt.Errorf("reserved_cpus = %q: %w", c.ReservedCPUs, err)
+		}
+		p.ReservedCPUs = cpus
+	}
+	return p, p.Validate()
 }
