@@ -120,7 +120,8 @@ func TestHandoff(t *testing.T) {
 	}
 
 	// A peer that is not the QEMU user gets nothing either.
-	s2, err := ServerConfig{Dir: dir, Domain: "dom1", QEMUUID: 64055, QEMUGID: 64055, PIDDir: pidDir, Provide: provide}.Serve(context.Background())
+	c2 := ServerConfig{Dir: dir, Domain: "dom1", QEMUUID: 64055, QEMUGID: 64055, PIDDir: pidDir, Provide: provide}
+	s2, err := c2.Serve(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
