@@ -87,8 +87,9 @@ func TestCRIHungDaemons(t *testing.T) {
 	})
 }
 
-// hang stops daemon with SIGSTOP, runs fn, keeps it stopped until hungFor
-// has passed, and continues it (also when t fails).
+// hang stops daemon with SIGSTOP for hungFor, as a hang does, whatever
+// the calls made meanwhile are doing; fn runs while it is stopped, and
+// hang returns once it is continued (also when t fails).
 func hang(t *testing.T, daemon string, fn func()) {
 	t.Helper()
 	pid := testenv.DaemonPid(daemon)
@@ -98,15 +99,18 @@ func hang(t *testing.T, daemon string, fn func()) {
 	if err := unix.Kill(pid, unix.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	stopped := time.Now()
-	cont := func() { _ = unix.Kill(pid, unix.SIGCONT) }
-	t.Cleanup(cont)
+	resumed := make(chan struct{})
+	timer := time.AfterFunc(hungFor, func() {
+		_ = unix.Kill(pid, unix.SIGCONT)
+		close(resumed)
+	})
+	t.Cleanup(func() {
+		timer.Stop()
+		_ = unix.Kill(pid, unix.SIGCONT)
+	})
 	fn()
-	if left := hungFor - time.Since(stopped); left > 0 {
-		time.Sleep(left)
-	}
-	cont()
-	t.Logf("%s (pid %d) stopped for %v, continued", daemon, pid, time.Since(stopped).Round(time.Second))
+	<-resumed
+	t.Logf("%s (pid %d) stopped for %v, continued", daemon, pid, hungFor)
 }
 
 // answers runs a CRI call and fails t if it did not answer within
