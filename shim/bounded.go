@@ -32,9 +32,13 @@ import (
 //     undeleted keeps its container from ever being removed.
 //
 // A late change may still be carried out once libvirtd resumes (a Define
-// or a Start that timed out): the task call has failed and rolled back by
-// then, and what the late call leaves is a domain whose VM directory is
-// gone, which the sweep removes (sweep.go).
+// or a Start that timed out) after the task call has failed. The release
+// that follows (the rollback, CRI's cleanup Delete) waits for libvirtd as
+// said above and removes what the late call made. If libvirtd stays away
+// past that wait too, the release fails: a late Define leaves a shut-off
+// domain whose VM directory is gone, which the sweep removes (sweep.go); a
+// late Start leaves a running VM whose task containerd cannot delete
+// (docs/limitations.md).
 type boundedDomains struct {
 	domains
 	query, change time.Duration
