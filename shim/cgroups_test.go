@@ -43,6 +43,25 @@ func TestCreateVMTaskCgroupPath(t *testing.T) {
 	}
 }
 
+// newCgroupFixture is a VM fixture on this host's real cgroups: the VM's
+// cgroup is pod/vm1, QEMU's pid is qemuPid, and both groups are removed
+// when t ends.
+func newCgroupFixture(t *testing.T, hs cgroup.Hierarchies, pod string, qemuPid int) *vmFixture {
+	t.Helper()
+	f := newVMFixture(t)
+	f.host.cgroups = &hs
+	f.fake.pid = qemuPid
+	f.cgroupsPath = pod + "/vm1"
+	t.Cleanup(func() {
+		for _, p := range []string{f.cgroupsPath, pod} {
+			if g, groupErr := hs.Group(p); groupErr == nil {
+				_ = g.Remove()
+			}
+		}
+	})
+	return f
+}
+
 // On this host's cgroup v1 tree: Create makes the container's cgroup (and
 // its missing pod parent), Start moves QEMU in before the vCPUs run, Stats
 // reads the cgroup, and Delete removes the container's cgroup.
@@ -61,17 +80,7 @@ func TestVMTaskCgroupV1(t *testing.T) {
 	defer func() { _ = qemu.Process.Kill(); _ = qemu.Wait() }()
 
 	pod := "/kvm-shim-unit-pod" + strconv.Itoa(os.Getpid())
-	f := newVMFixture(t)
-	f.host.cgroups = &hs
-	f.fake.pid = qemu.Process.Pid
-	f.cgroupsPath = pod + "/vm1"
-	t.Cleanup(func() {
-		for _, p := range []string{f.cgroupsPath, pod} {
-			if g, groupErr := hs.Group(p); groupErr == nil {
-				_ = g.Remove()
-			}
-		}
-	})
+	f := newCgroupFixture(t, hs, pod, qemu.Process.Pid)
 	vt := f.created()
 	if vt.rec.Cgroup != f.cgroupsPath || !vt.rec.CgroupCreated {
 		t.Fatalf("record: cgroup %q created %v", vt.rec.Cgroup, vt.rec.CgroupCreated)

@@ -47,17 +47,7 @@ func TestVMTaskOOMKilled(t *testing.T) {
 	t.Cleanup(func() { _ = qemu.Process.Kill(); <-ended })
 
 	pod := "/kvm-shim-unit-oom" + strconv.Itoa(os.Getpid())
-	f := newVMFixture(t)
-	f.host.cgroups = &hs
-	f.fake.pid = qemu.Process.Pid
-	f.cgroupsPath = pod + "/vm1"
-	t.Cleanup(func() {
-		for _, p := range []string{f.cgroupsPath, pod} {
-			if g, groupErr := hs.Group(p); groupErr == nil {
-				_ = g.Remove()
-			}
-		}
-	})
+	f := newCgroupFixture(t, hs, pod, qemu.Process.Pid)
 	adj := 1000
 	f.kernelRootfs()
 	vt, err := f.createSpec(&specs.Spec{Process: &specs.Process{OOMScoreAdj: &adj}})
