@@ -47,7 +47,11 @@ func (g *Group) OOMKills() (uint64, error) {
 	if r.err != nil {
 		return 0, fmt.Errorf("cgroup %s: %w", g.Path, r.err)
 	}
-	return m["oom_kill"], nil
+	n, ok := m["oom_kill"]
+	if !ok {
+		return 0, fmt.Errorf("cgroup %s: the kernel counts no oom_kill", g.Path)
+	}
+	return n, nil
 }
 
 // unlimitedV1 is the smallest v1 memory.limit_in_bytes that means no

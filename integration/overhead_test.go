@@ -42,24 +42,14 @@ func makePodCgroup(t *testing.T, h cgroup.Hierarchies, parent string, limit int6
 	}
 }
 
-// oomKills reads how many processes of the cgroup the kernel's OOM killer
-// ended (v1 memory.oom_control, counted in the victim's own cgroup; v2
-// memory.events, which counts the whole subtree).
-func oomKills(h cgroup.Hierarchies, p string) (int, error) {
-	file, dir := "memory.oom_control", filepath.Join(h.V1["memory"], p)
-	if h.Version() == 2 {
-		file, dir = "memory.events", filepath.Join(h.Unified, p)
-	}
-	b, err := os.ReadFile(filepath.Join(dir, file))
+// oomKills reads how many processes of the cgroup at p the kernel's OOM
+// killer ended (cgroup.Group.OOMKills).
+func oomKills(h cgroup.Hierarchies, p string) (uint64, error) {
+	g, err := h.Group(p)
 	if err != nil {
 		return 0, err
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "oom_kill "); ok {
-			return strconv.Atoi(strings.TrimSpace(v))
-		}
-	}
-	return 0, fmt.Errorf("%s has no oom_kill line", file)
+	return g.OOMKills()
 }
 
 // TestCRIOverheadNoOOM runs a 512 MiB VM whose guest touches all of its

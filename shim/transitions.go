@@ -149,7 +149,14 @@ func (p *proc) mustMoveLocked(s step) {
 	}
 }
 
-// liveLocked tells a process whose program runs: running or paused.
+// live tells a process whose program runs: running or paused.
+func (p *proc) live() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.liveLocked()
+}
+
+// liveLocked is live with mu held.
 func (p *proc) liveLocked() bool {
 	return p.status == task.Status_RUNNING || p.status == task.Status_PAUSED
 }

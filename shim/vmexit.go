@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 
@@ -60,7 +59,7 @@ func (t *vmTask) followExit(ctx context.Context, w *vm.ExitWatch) {
 	gone := time.Now()
 	wait := 10 * time.Millisecond
 	for {
-		if status, _, _, _ := t.snapshot(); status != task.Status_RUNNING && status != task.Status_PAUSED {
+		if !t.live() {
 			return // recorded already, or the task is gone
 		}
 		st, err := t.h.conn.State(t.rec.Domain)
