@@ -140,16 +140,18 @@ func TestCRISoak(t *testing.T) {
 		}
 		wall := time.Since(start)
 		assertNothingLeft(t, c, sk.ids...)
-		after, err := c.settledSnapshot(before)
+		after, problems, err := c.settledSnapshot(before)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Logf("%d cycles of %d pods after the warm-up, 0 failures; wall %v (with warm-up); per cycle: %s",
 			cycles, soakPods, wall.Round(time.Second), cycleTimes(sk.times[1:], kinds))
-		for _, problem := range compareSnapshots(t, before, after) {
+		logSnapshots(t, before, after)
+		sk.checkShimMemory(t)
+		// The leaks last: a CI log's summary shows a test's last messages.
+		for _, problem := range problems {
 			t.Error(problem)
 		}
-		sk.checkShimMemory(t)
 	})
 }
 
@@ -494,20 +496,29 @@ func fdsNaming(name string, pid int, dir string) []string {
 	return found
 }
 
-// soakGCTimeout bounds the wait for containerd's garbage collector:
-// it removes the snapshot directories of deleted containers in the
-// background (the first 40-cycle runs found 1-7 of the last cycle's
-// snapshots/<n> directories still there right after the last removal).
-const soakGCTimeout = time.Minute
+// soakSettleTimeout bounds the wait for the after-soak measure to settle.
+// containerd's garbage collector removes the snapshot directories of
+// deleted containers in the background (the first 40-cycle runs found 1-7
+// of the last cycle's snapshots/<n> directories still there right after
+// the last removal), and the last shims' connections to containerd and
+// libvirtd close a moment after their tasks are gone: a measure taken in
+// that moment counts a descriptor or goroutine that is about to go. What
+// is still there after the bound is a leak.
+const soakSettleTimeout = time.Minute
 
-// settledSnapshot takes the after-soak measure, again until no file is
-// new against before or soakGCTimeout passes.
-func (c *containerd) settledSnapshot(before soakSnapshot) (soakSnapshot, error) {
-	deadline := time.Now().Add(soakGCTimeout)
+// settledSnapshot takes the after-soak measure, again until it shows no
+// problem against before or soakSettleTimeout passes, and returns it with
+// its problems.
+func (c *containerd) settledSnapshot(before soakSnapshot) (soakSnapshot, []string, error) {
+	deadline := time.Now().Add(soakSettleTimeout)
 	for {
 		after, err := c.soakSnapshot()
-		if err != nil || len(newFiles(before, after)) == 0 || time.Now().After(deadline) {
-			return after, err
+		if err != nil {
+			return after, nil, err
+		}
+		problems := soakProblems(before, after)
+		if len(problems) == 0 || time.Now().After(deadline) {
+			return after, problems, nil
 		}
 		time.Sleep(2 * time.Second)
 	}
@@ -566,26 +577,47 @@ func bridgeDevs(bridge string) ([]string, error) {
 	return names, nil
 }
 
-// compareSnapshots logs before and after and lists what grew beyond
-// soakTolerances or is new.
-func compareSnapshots(t *testing.T, before, after soakSnapshot) []string {
+// soakDaemons are the long-lived processes whose counts the soak judges.
+var soakDaemons = []string{"containerd", "libvirtd", "virtlogd"}
+
+// soakLists are the soak's measures that are lists of things that must not
+// be more after than before.
+func soakLists(before, after soakSnapshot) []struct {
+	what          string
+	before, after []string
+} {
+	return []struct {
+		what          string
+		before, after []string
+	}{
+		{"mounts below containerd's directory", before.mounts, after.mounts},
+		{"links on the CNI bridge", before.bridgeDevs, after.bridgeDevs},
+		{"libvirt domains of this shim", before.domains, after.domains},
+		{"NUMA reservations", before.numa, after.numa},
+	}
+}
+
+// sharedLibvirt tells whether other people's VMs (the e2e tier may run
+// beside the suite) were defined at either end: they open and close
+// libvirtd's and virtlogd's descriptors and threads too, so those totals
+// are judged only when no other domain was there.
+func sharedLibvirt(before, after soakSnapshot) bool {
+	return len(before.foreign) > 0 || len(after.foreign) > 0
+}
+
+// soakProblems lists what grew beyond soakTolerances or is new.
+func soakProblems(before, after soakSnapshot) []string {
 	var problems []string
 	if len(after.ownFds) > 0 {
 		problems = append(problems, "descriptors still open on this containerd's files:\n  "+strings.Join(after.ownFds, "\n  "))
 	}
-	// Other people's VMs (the e2e tier may run beside the suite) open and
-	// close libvirtd's and virtlogd's descriptors and threads too: their
-	// totals are judged only when no other domain was defined at either end.
-	shared := len(before.foreign) > 0 || len(after.foreign) > 0
-	for _, name := range []string{"containerd", "libvirtd", "virtlogd"} {
+	for _, name := range soakDaemons {
 		b, a, tol := before.daemons[name], after.daemons[name], soakTolerances[name]
-		t.Logf("%s (pid %d): fds %d -> %d, threads %d -> %d", name, a.pid, b.fds, a.fds, b.threads, a.threads)
 		if a.pid != b.pid {
 			problems = append(problems, fmt.Sprintf("%s restarted during the soak: pid %d -> %d", name, b.pid, a.pid))
 			continue
 		}
-		if name != "containerd" && shared {
-			t.Logf("%s totals not judged: other domains were defined (before %v, after %v)", name, before.foreign, after.foreign)
+		if name != "containerd" && sharedLibvirt(before, after) {
 			continue
 		}
 		if a.fds > b.fds+tol.fds {
@@ -595,30 +627,34 @@ func compareSnapshots(t *testing.T, before, after soakSnapshot) []string {
 			problems = append(problems, fmt.Sprintf("%s threads grew %d -> %d (tolerance %d)", name, b.threads, a.threads, tol.threads))
 		}
 	}
-	t.Logf("containerd goroutines %d -> %d", before.goroutines, after.goroutines)
 	if tol := soakTolerances["containerd"].goroutines; after.goroutines > before.goroutines+tol {
 		problems = append(problems, fmt.Sprintf("containerd goroutines grew %d -> %d (tolerance %d)", before.goroutines, after.goroutines, tol))
 	}
-	added := newFiles(before, after)
-	t.Logf("files below containerd's root and state and the shim's state_dir: %d -> %d", len(before.files), len(after.files))
-	if len(added) > 0 {
+	if added := newFiles(before, after); len(added) > 0 {
 		problems = append(problems, fmt.Sprintf("%d new files:\n  %s", len(added), strings.Join(added[:min(len(added), 40)], "\n  ")))
 	}
-	for _, l := range []struct {
-		what          string
-		before, after []string
-	}{
-		{"mounts below containerd's directory", before.mounts, after.mounts},
-		{"links on the CNI bridge", before.bridgeDevs, after.bridgeDevs},
-		{"libvirt domains of this shim", before.domains, after.domains},
-		{"NUMA reservations", before.numa, after.numa},
-	} {
-		t.Logf("%s: %d -> %d", l.what, len(l.before), len(l.after))
+	for _, l := range soakLists(before, after) {
 		if len(l.after) > len(l.before) {
 			problems = append(problems, fmt.Sprintf("%s: %v -> %v", l.what, l.before, l.after))
 		}
 	}
 	return problems
+}
+
+// logSnapshots logs the soak's measures before and after.
+func logSnapshots(t *testing.T, before, after soakSnapshot) {
+	for _, name := range soakDaemons {
+		b, a := before.daemons[name], after.daemons[name]
+		t.Logf("%s (pid %d): fds %d -> %d, threads %d -> %d", name, a.pid, b.fds, a.fds, b.threads, a.threads)
+		if name != "containerd" && sharedLibvirt(before, after) {
+			t.Logf("%s totals not judged: other domains were defined (before %v, after %v)", name, before.foreign, after.foreign)
+		}
+	}
+	t.Logf("containerd goroutines %d -> %d", before.goroutines, after.goroutines)
+	t.Logf("files below containerd's root and state and the shim's state_dir: %d -> %d", len(before.files), len(after.files))
+	for _, l := range soakLists(before, after) {
+		t.Logf("%s: %d -> %d", l.what, len(l.before), len(l.after))
+	}
 }
 
 // cycleTimes summarises the cycle times per kind (acpi, kill).
