@@ -181,8 +181,10 @@ func TestTableAndMarkdown(t *testing.T) {
 		{Key: "ctr-1.6", Label: "ctr", Flavour: "1.6", StartMs: []float64{105, 115}, FirstLineMs: []float64{1}, ReadyMs: []float64{2}},
 	}}
 	r.Memory = []memoryResult{
-		{Flavour: "1.6", Runtime: "kvm", Pods: 1, PSSPerPodMiB: 9},
-		{Flavour: "1.6", Runtime: "runc", Pods: 1, PSSPerPodMiB: 10},
+		{Flavour: "1.6", Runtime: "kvm", Pods: 2, PSSPerPodMiB: 9, Node: &nodeCost{
+			QEMURSSKiB: []int{150 << 10, 160 << 10}, QEMUPSSKiB: []int{140 << 10, 150 << 10},
+			DaemonGrowthKiB: map[string]int{"libvirtd": 1 << 10, "virtlogd": 512}}},
+		{Flavour: "1.6", Runtime: "runc", Pods: 2, PSSPerPodMiB: 10},
 	}
 	r.Density = []densityResult{
 		{Flavour: "1.6", Pods: 1, Summary: summarize([]float64{500}), WallMs: 500},
@@ -191,7 +193,7 @@ func TestTableAndMarkdown(t *testing.T) {
 	r.build()
 	tab := r.table()
 	for _, want := range []string{"TCG", "1.05x baseline, +5.0 ms", "ratio <= 1.10", "kvm PSS <= runc PSS", "1.30x per-pod time",
-		"not measured"} {
+		"not measured", "QEMU RSS median 160.0 MiB (max 160.0), PSS median 150.0 MiB; libvirtd +0.50 MiB, virtlogd +0.25 MiB per pod; no virtiofsd"} {
 		if !strings.Contains(tab, want) {
 			t.Errorf("table lacks %q:\n%s", want, tab)
 		}

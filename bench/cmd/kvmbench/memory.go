@@ -36,6 +36,8 @@ type memoryResult struct {
 	RSSPerPodMiB     float64 `json:"rss_per_pod_mib"`
 	PSSAnonPerPodMiB float64 `json:"pss_anon_per_pod_mib"`
 	PSSFilePerPodMiB float64 `json:"pss_file_per_pod_mib"`
+	// Node is what the VM pods cost beside their shims (kvm rounds only).
+	Node *nodeCost `json:"node_cost,omitempty"`
 }
 
 // runMemory measures section 3 on every flavour: our shim with VM pods,
@@ -79,6 +81,10 @@ func measurePods(ctx context.Context, d *daemon, runtime string, n int) (_ memor
 		retErr = errors.Join(retErr, errors.Join(errs...))
 	}()
 
+	daemonsBefore, err := daemonRSS()
+	if err != nil {
+		return res, err
+	}
 	var logs []string
 	for i := 0; i < n; i++ {
 		p, err := cl.RunPod(ctx, testenv.PodOptions{Name: fmt.Sprintf("mem-%s-%d", runtime, i), Namespace: "kvmbench", Handler: runtime})
@@ -122,8 +128,12 @@ func measurePods(ctx context.Context, d *daemon, runtime string, n int) (_ memor
 	case <-time.After(settle):
 	}
 
-	readErr := res.readShims(d, runtime, n)
-	return res, readErr
+	if err := res.readShims(d, runtime, n); err != nil || runtime != "kvm" {
+		return res, err
+	}
+	node, err := readNodeCost(d, n, daemonsBefore)
+	res.Node = &node
+	return res, err
 }
 
 // readShims reads the memory of every shim of d, which serve n pods of
