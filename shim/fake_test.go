@@ -25,6 +25,7 @@ type fakeDomains struct {
 	stateRead func(name string) // called after a State read, without mu
 	resumed   func(name string) // called after a Resume, without mu
 	shutdown  func(name string) // called as a Shutdown begins, without mu
+	destroyed func(name string) // called after a Destroy, without mu
 	guest     *vmtest.FakeGuest // the agent of every domain
 	pid       int               // QEMU's pid for every domain; 0 is 4242
 	vcpuErr   error             // a plug (SetVCPUs growing) fails with it, after plugging one vCPU
@@ -239,6 +240,9 @@ func (f *fakeDomains) Shutdown(name string) error {
 }
 
 func (f *fakeDomains) Destroy(name string) error {
+	if f.destroyed != nil {
+		defer f.destroyed(name)
+	}
 	return f.simple("destroy", name, func(d *fakeDomain) error {
 		if !d.running {
 			return notRunning(name)

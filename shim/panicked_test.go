@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
@@ -42,6 +43,15 @@ func TestVMTaskGuestPanicFoundByResyncAndKill(t *testing.T) {
 	f := newVMFixture(t)
 	vt := f.started()
 	f.fake.guestPanics(vt.rec.Domain)
+	// The destroy ends QEMU: the watch's path reads "destroyed" and
+	// records the exit before the resync's own record; it must still be
+	// the panic's.
+	f.fake.destroyed = func(string) {
+		deadline := time.Now().Add(2 * time.Second)
+		for status, _, _, _ := vt.snapshot(); status != task.Status_STOPPED && time.Now().Before(deadline); status, _, _, _ = vt.snapshot() {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
 	vt.resync(context.Background())
 	if _, _, st, _ := vt.snapshot(); st != vm.ExitPanicked {
 		t.Errorf("after a resync: exit %d, want %d", st, vm.ExitPanicked)

@@ -124,7 +124,12 @@ func (t *vmTask) awaitQEMUEnd(ctx context.Context, w *vm.ExitWatch) bool {
 // the exit: the guest is dead either way, and Delete destroys the domain
 // again.
 func (t *vmTask) onPanicked(ctx context.Context) {
-	if !t.live() {
+	var live bool
+	withLock(&t.mu, func() {
+		live = t.liveLocked()
+		t.panicked = t.panicked || live
+	})
+	if !live {
 		return
 	}
 	l := log.G(ctx).WithField("vm", t.rec.Domain)
@@ -138,15 +143,18 @@ func (t *vmTask) onPanicked(ctx context.Context) {
 // onStopped records the exit of a running VM once and publishes it after
 // the console output is drained.
 func (t *vmTask) onStopped(ctx context.Context, reason vm.StopReason) {
-	var live, pressed bool
+	var live, pressed, panicked bool
 	var c *console
 	var pressReconnects uint64
 	withLock(&t.mu, func() {
 		live = t.liveLocked()
-		c, pressed, pressReconnects = t.console, t.powerPressed, t.pressReconnects
+		c, pressed, pressReconnects, panicked = t.console, t.powerPressed, t.pressReconnects, t.panicked
 	})
 	if !live {
 		return
+	}
+	if panicked {
+		reason = vm.StopPanicked // the shim's destroy of a panicked guest, seen by any path
 	}
 	if reason == vm.StopCrashed && pressed && t.h.conn.Reconnects() != pressReconnects {
 		// libvirtd that comes back and finds the guest powered off
