@@ -133,7 +133,7 @@ func (t *vmTask) onPanicked(ctx context.Context) {
 		return
 	}
 	l := log.G(ctx).WithField("vm", t.rec.Domain)
-	l.WithField("exitStatus", vm.ExitPanicked).Error("the guest's kernel panicked (its panic device reported it): destroying the VM")
+	l.WithField("exitStatus", vm.ExitPanicked).Warn("the guest's kernel panicked (its panic device reported it): destroying the VM")
 	if err := t.h.conn.Destroy(t.rec.Domain); err != nil && !errdefs.IsFailedPrecondition(err) && !errdefs.IsNotFound(err) {
 		l.WithError(err).Warn("destroy the panicked VM (Delete destroys it again)")
 	}
