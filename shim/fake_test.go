@@ -25,6 +25,7 @@ type fakeDomains struct {
 	stateRead func(name string) // called after a State read, without mu
 	resumed   func(name string) // called after a Resume, without mu
 	shutdown  func(name string) // called as a Shutdown begins, without mu
+	destroyed func(name string) // called after a Destroy, without mu
 	guest     *vmtest.FakeGuest // the agent of every domain
 	pid       int               // QEMU's pid for every domain; 0 is 4242
 	vcpuErr   error             // a plug (SetVCPUs growing) fails with it, after plugging one vCPU
@@ -42,6 +43,7 @@ type fakeDomain struct {
 	reason   vm.StopReason
 	exited   chan struct{} // closed when the domain stops: its QEMU's exit
 	qemuDead bool          // QEMU exited; libvirt may not know yet
+	panicked bool          // the guest panicked: QEMU holds it (libvirt: crashed) until destroyed
 	console  string
 	listener net.Listener
 	conns    []net.Conn       // guarded by fakeDomains.mu
@@ -172,8 +174,20 @@ func (f *fakeDomains) qemuGone(name string) {
 func (f *fakeDomains) stopUnwatched(name string, reason vm.StopReason) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	d := f.doms[name]
-	d.running, d.paused, d.reason = false, false, reason
+	stopLocked(f.doms[name], reason)
+}
+
+// guestPanics has the guest of a running domain panic, as its pvpanic
+// device and on_crash preserve make it: QEMU stays, libvirt says crashed.
+func (f *fakeDomains) guestPanics(name string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.doms[name].panicked = true
+}
+
+// stopLocked stops d as libvirt sees it; f.mu is held.
+func stopLocked(d *fakeDomain, reason vm.StopReason) {
+	d.running, d.paused, d.panicked, d.reason = false, false, false, reason
 	if d.listener != nil {
 		d.listener.Close()
 	}
@@ -226,9 +240,20 @@ func (f *fakeDomains) Shutdown(name string) error {
 }
 
 func (f *fakeDomains) Destroy(name string) error {
+	if f.destroyed != nil {
+		defer f.destroyed(name)
+	}
 	return f.simple("destroy", name, func(d *fakeDomain) error {
 		if !d.running {
 			return notRunning(name)
+		}
+		if d.panicked { // the tests stop other domains themselves
+			if d.exited != nil {
+				close(d.exited)
+				d.exited = nil
+			}
+			d.qemuDead = true
+			stopLocked(d, vm.StopDestroyed)
 		}
 		return nil
 	})
@@ -252,7 +277,7 @@ func (f *fakeDomains) State(name string) (vm.State, error) {
 	if err != nil {
 		return vm.State{}, err
 	}
-	return vm.State{Running: d.running, Paused: d.paused, Reason: d.reason}, nil
+	return vm.State{Running: d.running, Paused: d.paused, Panicked: d.panicked, Reason: d.reason}, nil
 }
 
 func (f *fakeDomains) Stats(name string) (vm.Stats, error) {

@@ -33,6 +33,8 @@ func (t *vmTask) resync(ctx context.Context) {
 		t.onStopped(ctx, vm.StopFailed)
 	case err != nil:
 		log.G(ctx).WithError(err).WithField("vm", t.rec.Domain).Warn("re-read VM state")
+	case st.Panicked:
+		t.onPanicked(ctx)
 	case !st.Running:
 		t.onStopped(ctx, st.Reason)
 	}
@@ -50,9 +52,7 @@ const exitSettle = 30 * time.Second
 // exitSettle the exit is recorded as what a returning libvirtd would
 // report, "crashed" (onStopped decides what that counts as).
 func (t *vmTask) followExit(ctx context.Context, w *vm.ExitWatch) {
-	select {
-	case <-w.Exited():
-	case <-w.Closed():
+	if !t.awaitQEMUEnd(ctx, w) {
 		return
 	}
 	w.Close()
@@ -83,18 +83,78 @@ func (t *vmTask) followExit(ctx context.Context, w *vm.ExitWatch) {
 	}
 }
 
+// panicPoll is how often the shim asks libvirt whether its running
+// guest panicked. A panic is the one end of a VM that QEMU's exit does not
+// tell: the domains' on_crash keeps QEMU, paused, so that libvirt's state
+// says "panicked" (with on_crash destroy libvirt ends QEMU itself and
+// records the same "crashed" as for a QEMU killed by SIGKILL). It bounds
+// how long a panicked guest stays before its exit is recorded; each poll
+// is one lookup and one state read on the shim's libvirt connection.
+const panicPoll = 2 * time.Second
+
+// awaitQEMUEnd waits until the VM's QEMU has ended (true), and reads the
+// domain's state every panicPoll meanwhile: a guest that panicked is
+// destroyed and its exit recorded (false). It returns false too when
+// the watch is closed (the task is deleted).
+func (t *vmTask) awaitQEMUEnd(ctx context.Context, w *vm.ExitWatch) bool {
+	tick := time.NewTicker(panicPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-w.Exited():
+			return true
+		case <-w.Closed():
+			return false
+		case <-tick.C:
+		}
+		if !t.live() {
+			return false
+		}
+		if st, err := t.h.conn.State(t.rec.Domain); err == nil && st.Panicked {
+			t.onPanicked(ctx)
+			w.Close()
+			return false
+		}
+	}
+}
+
+// onPanicked ends a VM whose guest kernel panicked: libvirt holds its
+// QEMU with the vCPUs stopped (on_crash preserve). It destroys the domain
+// and records the panic's exit status. A failed destroy still records
+// the exit: the guest is dead either way, and Delete destroys the domain
+// again.
+func (t *vmTask) onPanicked(ctx context.Context) {
+	var live bool
+	withLock(&t.mu, func() {
+		live = t.liveLocked()
+		t.panicked = t.panicked || live
+	})
+	if !live {
+		return
+	}
+	l := log.G(ctx).WithField("vm", t.rec.Domain)
+	l.WithField("exitStatus", vm.ExitPanicked).Warn("the guest's kernel panicked (its panic device reported it): destroying the VM")
+	if err := t.h.conn.Destroy(t.rec.Domain); err != nil && !errdefs.IsFailedPrecondition(err) && !errdefs.IsNotFound(err) {
+		l.WithError(err).Warn("destroy the panicked VM (Delete destroys it again)")
+	}
+	t.onStopped(ctx, vm.StopPanicked)
+}
+
 // onStopped records the exit of a running VM once and publishes it after
 // the console output is drained.
 func (t *vmTask) onStopped(ctx context.Context, reason vm.StopReason) {
-	var live, pressed bool
+	var live, pressed, panicked bool
 	var c *console
 	var pressReconnects uint64
 	withLock(&t.mu, func() {
 		live = t.liveLocked()
-		c, pressed, pressReconnects = t.console, t.powerPressed, t.pressReconnects
+		c, pressed, pressReconnects, panicked = t.console, t.powerPressed, t.pressReconnects, t.panicked
 	})
 	if !live {
 		return
+	}
+	if panicked {
+		reason = vm.StopPanicked // the shim's destroy of a panicked guest, seen by any path
 	}
 	if reason == vm.StopCrashed && pressed && t.h.conn.Reconnects() != pressReconnects {
 		// libvirtd that comes back and finds the guest powered off

@@ -53,6 +53,11 @@ type vmTask struct {
 	// just before the press: a higher count later means libvirtd was
 	// away since (see onStopped). Guarded by mu.
 	pressReconnects uint64
+	// panicked: libvirt said the guest's kernel panicked and the shim
+	// destroys the domain; whichever path records the exit (the QEMU
+	// watch sees the destroy as "destroyed") records the panic. Guarded
+	// by mu.
+	panicked bool
 	// launched: the Start finished, the VM ran (set with RUNNING, never
 	// cleared). Read without mu by resync, which must not wait for a
 	// Start in flight before it asks libvirt.

@@ -18,9 +18,10 @@ const QEMUPidDir = "/run/libvirt/qemu"
 
 // State is a domain's coarse state as the task service needs it.
 type State struct {
-	Running bool       // QEMU is up (running, paused, or shutting down)
-	Paused  bool       // vCPUs suspended
-	Reason  StopReason // when not running
+	Running  bool       // QEMU is up (running, paused, shutting down, or holding a panicked guest)
+	Paused   bool       // vCPUs suspended
+	Panicked bool       // the guest's kernel panicked: QEMU is up, its vCPUs stopped (libvirt: crashed), until destroyed
+	Reason   StopReason // when not running
 }
 
 // Stats are a running domain's resource counters.
@@ -137,17 +138,24 @@ func (c *Conn) State(name string) (State, error) {
 	if err != nil {
 		return State{}, mapError(err, "get state of domain "+name)
 	}
-	switch libvirt.DomainState(st) {
-	case libvirt.DomainShutoff, libvirt.DomainCrashed, libvirt.DomainNostate:
-		r := StopCrashed
-		if libvirt.DomainState(st) != libvirt.DomainCrashed {
-			r = stopReasonFromShutoff(libvirt.DomainShutoffReason(reason))
-		}
-		return State{Reason: r}, nil
+	return stateOf(libvirt.DomainState(st), reason), nil
+}
+
+// stateOf maps libvirt's state and reason. Its state "crashed" (with
+// QEMU, reason "panicked") is a domain whose guest reported a kernel
+// panic through its panic device and whose on_crash kept QEMU: QEMU is
+// up, so the domain counts as running, panicked. (libvirt's QEMU driver
+// sets "crashed" only on QEMU's GUEST_PANICKED event.)
+func stateOf(st libvirt.DomainState, reason int32) State {
+	switch st {
+	case libvirt.DomainShutoff, libvirt.DomainNostate:
+		return State{Reason: stopReasonFromShutoff(libvirt.DomainShutoffReason(reason))}
+	case libvirt.DomainCrashed:
+		return State{Running: true, Panicked: true}
 	case libvirt.DomainPaused, libvirt.DomainPmsuspended:
-		return State{Running: true, Paused: true}, nil
+		return State{Running: true, Paused: true}
 	}
-	return State{Running: true}, nil
+	return State{Running: true}
 }
 
 // Stats returns CPU time and memory of a running domain.

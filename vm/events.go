@@ -29,6 +29,7 @@ const (
 	StopCrashed                     // libvirt says crashed: QEMU ended without the guest's power-off
 	StopFailed                      // QEMU died or failed to start
 	StopOther                       // saved, migrated, restored from snapshot
+	StopPanicked                    // the guest's kernel panicked (its panic device said so); the shim destroyed the domain
 )
 
 func (r StopReason) String() string {
@@ -43,34 +44,39 @@ func (r StopReason) String() string {
 		return "emulator failed"
 	case StopOther:
 		return "saved or migrated"
+	case StopPanicked:
+		return "guest kernel panicked"
 	}
 	return "unknown"
 }
 
-// Exit statuses of a VM task, see the table in
-// docs/architecture.md.
+// Exit statuses of a VM task, see the table in docs/lifecycle.md.
 const (
 	ExitPoweroff  = 0
 	ExitDestroyed = 128 + 9 // like a process killed by SIGKILL
+	ExitPanicked  = 250     // the guest's kernel panicked; not 128+n: no signal ended anything
 	ExitFailed    = 255     // QEMU died or was killed outside the shim
 )
 
 // ExitStatus maps why a VM stopped to a task exit status. It is never 0
 // unless the guest powered itself off (by itself or after an ACPI request).
 //
-// libvirt's "crashed" is QEMU ending without the guest's power-off: a
-// QEMU killed or dead (libvirtd sees its monitor close with no shutdown
-// first), or found gone by a libvirtd that comes back. A guest kernel
-// panic would be "crashed" too only through a panic device, which the
-// shim's domains do not have: without one QEMU is not told, and the
-// guest reboots or halts as its kernel's panic= says while the task runs
-// on. So "crashed" is QEMU's death, 255.
+// libvirt's shut-off reason "crashed" is QEMU ending without the guest's
+// power-off: a QEMU killed or dead (libvirtd sees its monitor close with
+// no shutdown first), or found gone by a libvirtd that comes back: 255. A
+// guest kernel panic never reaches it: the domains' on_crash is preserve,
+// so libvirt keeps QEMU, paused, in its state "crashed" (State.Panicked),
+// and the shim, which sees that, destroys the domain and records
+// StopPanicked. (With on_crash destroy libvirt 9.0 records a panic as the
+// same shut-off "crashed" as a QEMU killed by SIGKILL.)
 func (r StopReason) ExitStatus() uint32 {
 	switch r {
 	case StopShutdown:
 		return ExitPoweroff
 	case StopDestroyed:
 		return ExitDestroyed
+	case StopPanicked:
+		return ExitPanicked
 	}
 	return ExitFailed
 }

@@ -29,6 +29,7 @@ var configurators = []configurator{
 	configureConsole,
 	configureAgentChannel,
 	configureDevices,
+	configurePanic,
 	configureHotplug,
 	configureMemoryHotplug,
 	configureSecLabel,
@@ -87,11 +88,17 @@ func configurePlatform(s *Spec, d *libvirtxml.Domain) {
 	d.OS.Type = &libvirtxml.DomainOSType{Arch: "x86_64", Machine: s.Machine, Type: "hvm"}
 	d.Features = &libvirtxml.DomainFeatureList{ACPI: &libvirtxml.DomainFeature{}, APIC: &libvirtxml.DomainFeatureAPIC{}}
 	d.Clock = &libvirtxml.DomainClock{Offset: "utc"}
-	// A guest poweroff or crash ends the task; a guest reboot keeps the same
-	// QEMU process and so the same running task.
+	// A guest poweroff ends the task; a guest reboot keeps the same QEMU
+	// process and so the same running task. A guest kernel panic (told by
+	// the panic device, configurePanic) leaves QEMU paused and the domain
+	// "crashed, panicked" to libvirt: the shim sees that state, destroys
+	// the domain and records the panic as such. With "destroy" libvirt
+	// would end QEMU itself and record the stop as "crashed", which is
+	// also what it records when QEMU is killed or dies: the panic could
+	// not be told apart (see docs/lifecycle.md).
 	d.OnPoweroff = "destroy"
 	d.OnReboot = "restart"
-	d.OnCrash = "destroy"
+	d.OnCrash = "preserve"
 	d.Devices.Emulator = s.Emulator
 }
 
@@ -258,6 +265,18 @@ func virtioSerialController(channels int) libvirtxml.DomainController {
 	ports := uint(channels + 1)
 	return libvirtxml.DomainController{Type: "virtio-serial", Index: uintPtr(0),
 		VirtIOSerial: &libvirtxml.DomainControllerVirtIOSerial{Ports: &ports}}
+}
+
+// configurePanic gives every VM QEMU's pvpanic device, through which a
+// guest kernel tells the host that it panicked (Linux: the pvpanic and
+// pvpanic-mmio modules, which bind to its ACPI device QEMU0001; Windows:
+// the virtio-win pvpanic driver). Model isa is the one libvirt 9.0 offers
+// for x86 guests (pvpanic-pci, model pvpanic, came in 9.1); it sits on
+// the ISA bus of both pc and q35, at I/O port 0x505, which libvirt fills in.
+// Without the device a panicked guest halts or reboots (its kernel's
+// panic=) with the task still running.
+func configurePanic(s *Spec, d *libvirtxml.Domain) {
+	d.Devices.Panics = append(d.Devices.Panics, libvirtxml.DomainPanic{Model: "isa"})
 }
 
 // configureDevices adds the small fixed devices: a virtio RNG so guests do

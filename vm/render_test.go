@@ -296,3 +296,26 @@ func TestCPUList(t *testing.T) {
 		}
 	}
 }
+
+// Every domain has the one panic device a guest kernel reports a panic
+// through, and keeps QEMU when it does (on_crash preserve), so that the
+// shim sees libvirt's "crashed" state and not a QEMU just gone; the
+// reboot keeps the same QEMU.
+func TestRenderPanicDevice(t *testing.T) {
+	for name, spec := range goldenCases() {
+		out, err := Render(&spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d libvirtxml.Domain
+		if err := d.Unmarshal(string(out)); err != nil {
+			t.Fatal(err)
+		}
+		if len(d.Devices.Panics) != 1 || d.Devices.Panics[0].Model != "isa" {
+			t.Errorf("%s: panic devices %+v, want one of model isa", name, d.Devices.Panics)
+		}
+		if d.OnCrash != "preserve" || d.OnReboot != "restart" || d.OnPoweroff != "destroy" {
+			t.Errorf("%s: on_poweroff %s on_reboot %s on_crash %s, want destroy, restart, preserve", name, d.OnPoweroff, d.OnReboot, d.OnCrash)
+		}
+	}
+}

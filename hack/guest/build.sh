@@ -175,8 +175,10 @@ MODDIR=/lib/modules/$KVER
 printf '%s\n' "$KERNEL" | write_if_changed "$WORK/kernel.ref"
 
 # Modules, in load order. "early" ones are loaded before KVM-GUEST-READY:
-# the ACPI power button driver and evdev for its /dev/input/eventN.
-EARLY_MODULES=(button evdev)
+# the ACPI power button driver and evdev for its /dev/input/eventN, and
+# the driver of the domains' pvpanic device (ACPI QEMU0001 at port 0x505),
+# so that a panic from READY on reaches the host.
+EARLY_MODULES=(button evdev pvpanic pvpanic-mmio)
 LATE_MODULES=(virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci
 	failover net_failover virtio_net virtio_blk virtio_console fat vfat nls_cp437 nls_ascii fuse virtiofs virtio_mem)
 

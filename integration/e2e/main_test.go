@@ -177,6 +177,7 @@ func TestKubernetes(t *testing.T) {
 				{"VolumesOfEveryKind", testVolumes},
 				{"CleanRunLogs", testCleanRunLogs},
 				{"ExecAndExecProbe", testExec},
+				{"LifecycleUnderRestartPolicies", testLifecycle},
 				{"VirshDestroyRestartsOnSameDisk", testVirshDestroy},
 				{"ContainerdAndKubeletRestart", testDaemonRestarts},
 			}

@@ -42,7 +42,8 @@ type podOpts struct {
 	// volumes are the pod's volumes; mounts and devices the container's
 	// volumeMounts and volumeDevices.
 	volumes, mounts, devices []obj
-	annotations              obj // pod annotations
+	annotations              obj    // pod annotations
+	restartPolicy            string // "" means Always
 }
 
 func (o podOpts) container() string {
@@ -97,6 +98,9 @@ func podSpec(o podOpts) obj {
 	}
 	if o.vm {
 		spec["runtimeClassName"] = "kvm"
+	}
+	if o.restartPolicy != "" {
+		spec["restartPolicy"] = o.restartPolicy
 	}
 	if o.volumes != nil {
 		spec["volumes"] = o.volumes
