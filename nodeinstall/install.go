@@ -76,10 +76,12 @@ func (in *Installer) Install(ctx context.Context) (Result, error) {
 	}
 	// The capacity before the label: the scheduler never sees a
 	// labelled node without it.
-	if res.VCPUCapacity, err = in.advertise(ctx); err != nil {
-		in.event(ctx, node, "KvmShimInstallFailed", err.Error())
-		return res, err
+	capacity, advErr := in.advertise(ctx)
+	if advErr != nil {
+		in.event(ctx, node, "KvmShimInstallFailed", advErr.Error())
+		return res, advErr
 	}
+	res.VCPUCapacity = capacity
 	if node.Metadata.Labels[Label] != LabelValue {
 		v := LabelValue
 		if err := in.Kube.SetNodeLabel(ctx, in.Node, Label, &v); err != nil {
