@@ -143,6 +143,18 @@ func (c *checkList) checkNetwork(cfg config.Config) {
 	}
 }
 
+// checkCapacity reports the node's VM capacity as Kubernetes is told it
+// (the node installer advertises the same figure).
+func (c *checkList) checkCapacity(t *numa.Topology, p numa.Policy) {
+	n, err := numa.VCPUCapacity(t, p)
+	if err != nil {
+		c.add(checkWarn, "capacity", "%v", err)
+		return
+	}
+	c.add(checkOK, "capacity", "%s: %d (the node's floating vCPUs under cpu_threshold %g; advertise it in the node's status, "+
+		"as the node installer does)", numa.VCPUResource, n, p.WithDefaults().CPUThreshold)
+}
+
 // checkNUMA reports the NUMA store and returns the topology and
 // reservations report printed after the table ("" when unreadable).
 func (c *checkList) checkNUMA(cfg config.Config) string {
@@ -154,6 +166,7 @@ func (c *checkList) checkNUMA(cfg config.Config) string {
 	} else {
 		c.add(checkOK, "numa", "%d node(s), %d VM(s) placed (%s)", len(store.Topology().Nodes), len(ps), cfg.NUMAStateFile)
 		_ = numa.Describe(&numaReport, store.Topology(), store.Policy(), ps)
+		c.checkCapacity(store.Topology(), store.Policy())
 	}
 	return numaReport.String()
 }

@@ -24,6 +24,10 @@ type fakeAPI struct {
 	pods    []kubeapi.Pod
 	events  []kubeapi.Event
 	patches int
+	// capacity and allocatable are the node status's extended resources;
+	// calls lists "label" and "status" in the order they were patched.
+	capacity, allocatable map[string]string
+	calls                 []string
 }
 
 func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -54,7 +58,10 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		f.patches++
+		f.calls = append(f.calls, "label")
 		_ = json.NewEncoder(w).Encode(f.node)
+	case r.Method == http.MethodPatch && r.URL.Path == "/api/v1/nodes/"+f.node.Metadata.Name+"/status":
+		f.patchStatus(w, r)
 	case r.Method == http.MethodGet && r.URL.Path == "/api/v1/pods":
 		want := "spec.nodeName=" + f.node.Metadata.Name
 		var items []kubeapi.Pod
@@ -76,6 +83,54 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte(`{"kind":"Status","code":404,"reason":"NotFound","message":"no such thing"}`))
 	}
 }
+
+// patchStatus applies a merge patch of the node status's capacity and
+// allocatable (guarded by f.mu, held by ServeHTTP).
+func (f *fakeAPI) patchStatus(w http.ResponseWriter, r *http.Request) {
+	var p struct {
+		Status struct {
+			Capacity    map[string]*string `json:"capacity"`
+			Allocatable map[string]*string `json:"allocatable"`
+		} `json:"status"`
+	}
+	if r.Header.Get("Content-Type") != "application/merge-patch+json" || json.NewDecoder(r.Body).Decode(&p) != nil {
+		http.Error(w, `{"message":"bad patch"}`, http.StatusBadRequest)
+		return
+	}
+	merge := func(into *map[string]string, from map[string]*string) {
+		if *into == nil {
+			*into = map[string]string{}
+		}
+		for k, v := range from {
+			if v == nil {
+				delete(*into, k)
+			} else {
+				(*into)[k] = *v
+			}
+		}
+	}
+	merge(&f.capacity, p.Status.Capacity)
+	merge(&f.allocatable, p.Status.Allocatable)
+	f.calls = append(f.calls, "status")
+	_ = json.NewEncoder(w).Encode(f.node)
+}
+
+// resource is the node's extended resource name in capacity, and
+// whether allocatable says the same.
+func (f *fakeAPI) resource(name string) (string, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, ok := f.capacity[name]
+	return c, ok && f.allocatable[name] == c
+}
+
+// fakeCapacity gives a fixed capacity, or an error.
+type fakeCapacity struct {
+	n   int64
+	err error
+}
+
+func (c *fakeCapacity) VCPUCapacity(context.Context) (int64, error) { return c.n, c.err }
 
 func (f *fakeAPI) label() (string, bool) {
 	f.mu.Lock()
@@ -111,10 +166,11 @@ func (c *fakeChecker) Check(_ context.Context, r CheckRequest) (CheckResult, err
 // the tree's deploy/deb snippets and config.example.toml, a fake API
 // server, restarter and checker.
 type rig struct {
-	in      *Installer
-	api     *fakeAPI
-	restart *fakeRestarter
-	check   *fakeChecker
+	in       *Installer
+	api      *fakeAPI
+	restart  *fakeRestarter
+	check    *fakeChecker
+	capacity *fakeCapacity
 }
 
 func newRig(t *testing.T, containerd string) *rig {
@@ -129,11 +185,12 @@ func newRig(t *testing.T, containerd string) *rig {
 	api.node.Status.NodeInfo.ContainerRuntimeVersion = containerd
 	srv := httptest.NewServer(api)
 	t.Cleanup(srv.Close)
-	r := &rig{api: api, restart: &fakeRestarter{}, check: &fakeChecker{}}
+	r := &rig{api: api, restart: &fakeRestarter{}, check: &fakeChecker{}, capacity: &fakeCapacity{n: 8}}
 	r.in = &Installer{
 		Layout: l, Node: "node-a",
 		Kube:    &kubeapi.Client{Server: srv.URL, HTTP: srv.Client()},
 		Restart: r.restart, Check: r.check, EventNamespace: "default",
+		Capacity: r.capacity,
 	}
 	return r
 }

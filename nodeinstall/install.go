@@ -29,6 +29,10 @@ type Installer struct {
 	ContainerdVersion string
 	// EventNamespace is where events about the node are recorded.
 	EventNamespace string
+	// Capacity gives the node's VM capacity, advertised as the extended
+	// resource numa.VCPUResource once check passes and withdrawn at
+	// uninstall; nil advertises nothing.
+	Capacity CapacityReader
 }
 
 // Result says what an install or uninstall did.
@@ -39,13 +43,16 @@ type Result struct {
 	Restarted bool
 	Check     CheckResult
 	Labelled  bool
+	// VCPUCapacity is the numa.VCPUResource advertised.
+	VCPUCapacity int64
 }
 
 // Install brings the node to the payload's version: it plans first
 // (reading only; any refusal leaves the node as it was and is recorded
 // as an event), then places the binaries, then the containerd
 // configuration, restarts containerd if and only if that configuration
-// changed, runs check and labels the node when it passes.
+// changed, runs check and, when it passes, advertises the node's VM
+// capacity and labels the node.
 func (in *Installer) Install(ctx context.Context) (Result, error) {
 	node, err := in.Kube.GetNode(ctx, in.Node)
 	if err != nil {
@@ -67,6 +74,14 @@ func (in *Installer) Install(ctx context.Context) (Result, error) {
 		in.event(ctx, node, "KvmShimCheckFailed", msg)
 		return res, fmt.Errorf("%s: %w", msg, errdefs.ErrFailedPrecondition)
 	}
+	// The capacity before the label: the scheduler never sees a
+	// labelled node without it.
+	capacity, advErr := in.advertise(ctx)
+	if advErr != nil {
+		in.event(ctx, node, "KvmShimInstallFailed", advErr.Error())
+		return res, advErr
+	}
+	res.VCPUCapacity = capacity
 	if node.Metadata.Labels[Label] != LabelValue {
 		v := LabelValue
 		if err := in.Kube.SetNodeLabel(ctx, in.Node, Label, &v); err != nil {

@@ -32,7 +32,7 @@ type UninstallOptions struct {
 
 // Uninstall removes the shim from the node: the label first (no new VM
 // pod lands), then it waits while VM pods still run on the node, then
-// restores containerd's configuration byte for byte, restarts containerd
+// withdraws the node's VM capacity, restores containerd's configuration byte for byte, restarts containerd
 // once, and removes the binaries.
 func (in *Installer) Uninstall(ctx context.Context, o UninstallOptions) (Result, error) {
 	var res Result
@@ -43,6 +43,11 @@ func (in *Installer) Uninstall(ctx context.Context, o UninstallOptions) (Result,
 		return res, fmt.Errorf("unlabel node %s: %w", in.Node, err)
 	}
 	if err := in.waitVMPods(ctx, o); err != nil {
+		return res, err
+	}
+	// Only once no VM pod runs: a kubelet restarted meanwhile would
+	// admit its VM pods again against the resource.
+	if err := in.withdraw(ctx); err != nil {
 		return res, err
 	}
 	l := in.Layout

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 
 	"github.com/containerd/containerd/mount"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
@@ -163,6 +165,10 @@ func (c *createRun) reserveNUMA(context.Context) error {
 	}
 	set := c.p.set
 	pl, err := c.h.numa.Reserve(numa.Request{Owner: c.rec.NUMAOwner, VCPUs: set.vcpus, MemoryMiB: set.memMiB, Mode: set.numaMode})
+	if errdefs.IsResourceExhausted(err) {
+		return fmt.Errorf("%w (under Kubernetes this VM takes %s of the node's %s: the RuntimeClass's overhead requests 1, "+
+			"the VM container the rest)", err, slotsOf(c.h.numa.Policy(), set.numaMode, set.vcpus), numa.VCPUResource)
+	}
 	if err != nil {
 		return err
 	}
@@ -170,6 +176,15 @@ func (c *createRun) reserveNUMA(context.Context) error {
 	b, _ := json.Marshal(pl)
 	c.placement, c.numaJSON = vmplan.Pinning(pl), string(b)
 	return nil
+}
+
+// slotsOf says how many of the node's numa.VCPUResource a VM takes.
+func slotsOf(p numa.Policy, mode numa.Mode, vcpus int) string {
+	n, err := numa.VCPUSlots(p, mode, vcpus)
+	if err != nil {
+		return "?"
+	}
+	return strconv.Itoa(n)
 }
 
 // allocateIdentity gives the VM its host identity and the pod's VM data

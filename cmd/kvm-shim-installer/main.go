@@ -94,6 +94,7 @@ func (o *options) installer() (*nodeinstall.Installer, error) {
 		Layout: o.layout, Node: o.node, Kube: kube, Restart: r,
 		Check:             nodeinstall.ChrootChecker{HostRoot: o.layout.HostRoot},
 		ContainerdVersion: o.containerdVersion, EventNamespace: o.eventNamespace,
+		Capacity: nodeinstall.HostCapacity{SysRoot: "/", ShimConfig: host(o.layout.ShimConfig)},
 	}, nil
 }
 
@@ -129,7 +130,7 @@ func run(ctx context.Context, args []string) error {
 		if err != nil {
 			entry.WithError(err).Error("failed; trying again later")
 		} else {
-			entry.WithField("labelled", res.Labelled).Info("done")
+			entry.WithField("labelled", res.Labelled).WithField("vcpu_capacity", res.VCPUCapacity).Info("done")
 		}
 		if o.once {
 			return err

@@ -21,11 +21,12 @@ var (
 	documentedKey = regexp.MustCompile("(?m)^###\\s+`?kvm\\.containerd\\.io/([a-z0-9][a-z0-9.-]*)`?\\s*$")
 )
 
-// NodeLabels are the kvm.containerd.io/* keys that are node labels, not
-// pod annotations, each with the page that documents it: the annotation
-// reference leaves them out.
+// NodeLabels are the kvm.containerd.io/* keys that are node labels or
+// node resources, not pod annotations, each with the page that documents
+// it: the annotation reference leaves them out.
 var NodeLabels = map[string]string{
 	"runtime": "docs/install-cluster.md", // set by the node installer
+	"vcpu":    "docs/install-cluster.md", // the node's extended resource, advertised by the node installer
 }
 
 // CodeAnnotationKeys returns the kvm.containerd.io/* keys (without the

@@ -1,8 +1,9 @@
 // Package kubeapi is the node installer's small typed client of the
-// Kubernetes API: the four calls it makes (get a node, merge-patch its
-// labels, list the pods bound to it, create an event) over HTTPS with
-// the pod's service account. client-go would bring a few dozen modules
-// into a static binary that needs these four requests only.
+// Kubernetes API: the five calls it makes (get a node, merge-patch its
+// labels and its status's extended resource, list the pods bound to it,
+// create an event) over HTTPS with the pod's service account. client-go
+// would bring a few dozen modules into a static binary that needs these
+// five requests only.
 package kubeapi
 
 import (

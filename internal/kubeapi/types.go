@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/url"
+	"strconv"
 	"time"
 )
 
@@ -107,5 +108,25 @@ func (c *Client) CreateEvent(ctx context.Context, ns string, e *Event) error {
 	return c.do(ctx, request{
 		method: http.MethodPost, path: "/api/v1/namespaces/" + url.PathEscape(ns) + "/events",
 		contentType: "application/json", body: e,
+	})
+}
+
+// SetNodeExtendedResource sets (value non-nil) or removes (nil) one
+// extended resource in a node's status, capacity and allocatable both,
+// with a JSON merge patch of the status subresource, which touches no
+// other resource. kubelet keeps an extended resource it did not make in
+// capacity and copies it to allocatable at each status update.
+func (c *Client) SetNodeExtendedResource(ctx context.Context, node, name string, value *int64) error {
+	var v any
+	if value != nil {
+		v = strconv.FormatInt(*value, 10)
+	}
+	patch := map[string]any{"status": map[string]any{
+		"capacity":    map[string]any{name: v},
+		"allocatable": map[string]any{name: v},
+	}}
+	return c.do(ctx, request{
+		method: http.MethodPatch, path: "/api/v1/nodes/" + url.PathEscape(node) + "/status",
+		contentType: "application/merge-patch+json", body: patch,
 	})
 }
