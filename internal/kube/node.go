@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -138,16 +139,32 @@ func (c *Cluster) kubeletProcess(n *kubeletNode) *process {
 	return c.newProcess(c.component(n), argv...)
 }
 
-// startKubelets starts every node's kubelet at once and waits until every
-// node is Ready: the nodes register in parallel.
+// devicePluginSocket is where every kubelet listens for device plugins,
+// whatever its --root-dir (pkg/kubelet/cm/devicemanager): at start a
+// kubelet empties the directory, then binds the socket. A kubelet that
+// empties it while another binds fails to bind ("address already in
+// use") and exits.
+const devicePluginSocket = "/var/lib/kubelet/device-plugins/kubelet.sock"
+
+// startKubelets starts every node's kubelet and waits until every node is
+// Ready: the nodes register in parallel. Each kubelet after the first
+// starts once the one before has bound the device-plugin socket, a few
+// seconds into its start.
 func (c *Cluster) startKubelets(ctx context.Context) error {
 	var ps []*process
-	for _, n := range c.nodes {
+	for i, n := range c.nodes {
+		before, _ := os.Stat(devicePluginSocket)
 		n.proc = c.kubeletProcess(n)
 		if err := n.proc.start(); err != nil {
 			return err
 		}
 		ps = append(ps, n.proc)
+		if i == len(c.nodes)-1 {
+			break
+		}
+		if err := c.waitFor(ctx, n.proc, func(context.Context) error { return socketReplaced(devicePluginSocket, before) }, ps...); err != nil {
+			return err
+		}
 	}
 	c.kubelet = c.nodes[0].proc
 	var errs []error
@@ -155,6 +172,19 @@ func (c *Cluster) startKubelets(ctx context.Context) error {
 		errs = append(errs, c.waitFor(ctx, n.proc, c.nodeReady(n.name), ps...))
 	}
 	return errors.Join(errs...)
+}
+
+// socketReplaced checks that path exists and is not the file before was
+// (a new file may reuse the old one's inode, not its change time).
+func socketReplaced(path string, before os.FileInfo) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if before != nil && os.SameFile(fi, before) && fi.ModTime().Equal(before.ModTime()) {
+		return fmt.Errorf("%s not bound again yet", path)
+	}
+	return nil
 }
 
 // NodeKubeletDir is the kubelet root dir of a node of the cluster, ""
