@@ -162,8 +162,9 @@ func (s *testSuite) startBare(t *testing.T, name string, archives []string) *ins
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("second node's containerd started and imported in %s (in the background), first node ready to join at %s; cluster of two nodes ready at %s",
-		ie.node2.started.Round(100*time.Millisecond), waited.Round(100*time.Millisecond), time.Since(begin).Round(100*time.Millisecond))
+	ms := func(d time.Duration) time.Duration { return d.Round(100 * time.Millisecond) }
+	t.Logf("second node's containerd started and imported in %s (in the background); cluster start from %s, two nodes ready at %s",
+		ms(ie.node2.started), ms(waited), ms(time.Since(begin)))
 	return ie
 }
 

@@ -118,16 +118,16 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 		KubeletDir: filepath.Join(o.Dir, "kubelet"),
 		Kubeconfig: filepath.Join(o.Dir, "admin.kubeconfig"),
 	}
-	if err := mkdirs(o.Dir, filepath.Join(o.Dir, "etcd")); err != nil {
+	if err = mkdirs(o.Dir, filepath.Join(o.Dir, "etcd")); err != nil {
 		return nil, err
 	}
 	if c.PKI, err = newPKI(filepath.Join(o.Dir, "pki"), o.Node, o.NodeIP, serviceIP); err != nil {
 		return nil, err
 	}
-	if err := c.layoutNodes(); err != nil {
+	if err = c.layoutNodes(); err != nil {
 		return nil, err
 	}
-	if err := c.prepareHost(); err != nil {
+	if err = c.prepareHost(); err != nil {
 		return c, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.StartTimeout)

@@ -175,7 +175,7 @@ func (c *Cluster) startKubelets(ctx context.Context) error {
 }
 
 // socketReplaced checks that path exists and is not the file before was
-// (a new file may reuse the old one's inode, not its change time).
+// (a new file may reuse the old one's inode, not its modification time).
 func socketReplaced(path string, before os.FileInfo) error {
 	fi, err := os.Stat(path)
 	if err != nil {
