@@ -165,6 +165,7 @@ func (s *testSuite) startBare(t *testing.T, name string, archives []string) *ins
 	ms := func(d time.Duration) time.Duration { return d.Round(100 * time.Millisecond) }
 	t.Logf("second node's containerd started and imported in %s (in the background); cluster start from %s, two nodes ready at %s",
 		ms(ie.node2.started), ms(waited), ms(time.Since(begin)))
+	ie.node2.readyAfterFirst(t, ie.env)
 	return ie
 }
 
@@ -217,7 +218,9 @@ func (ie *installerEnv) stop(t *testing.T) {
 	}
 	<-ie.node2.ready
 	if ie.cluster != nil && ie.cluster.Pid("kube-apiserver") != 0 && ie.node2.ctd != nil {
+		done := ie.node2.timed("drain")
 		ie.drainNode2(t)
+		done()
 	}
 	if ie.cluster != nil && ie.cluster.Pid("kube-apiserver") != 0 {
 		_, _ = ie.cluster.Kubectl(context.Background(), nil, "-n", "kube-system", "delete", "daemonset", "kvm-shim-installer",
@@ -232,7 +235,10 @@ func (ie *installerEnv) stop(t *testing.T) {
 	if ie.env != nil {
 		ie.env.stop(t)
 	}
+	done := ie.node2.timed("stop")
 	ie.node2.stop(t)
+	done()
+	ie.node2.logCost(t)
 }
 
 // manifest is deploy/installer.yaml for this node: image version v, mode,
@@ -465,7 +471,9 @@ func testInstallUpgradeRemove(t *testing.T, ie *installerEnv) {
 	if p := ie.waitReady(t, vm.name); p.Spec.NodeName != nodeName {
 		t.Fatalf("VM pod scheduled to %q, want %s", p.Spec.NodeName, nodeName)
 	}
+	doneRunc := ie.node2.timed("runc pods, after the VM pod's boot")
 	runcOn2 := ie.checkRuncOnBothNodes(t, runcPods)
+	doneRunc()
 	before := ie.identity(t, vm.name)
 	t.Logf("VM pod on %s: QEMU pid %s, boot id %s", n, before.qemuPid, before.bootID)
 
@@ -493,11 +501,13 @@ func testInstallUpgradeRemove(t *testing.T, ie *installerEnv) {
 	// shim is cordoned, it waits for it: the node without the shim has
 	// room but does not match.
 	vm2 := podOpts{name: "vm-new", image: kernelImage, vm: true, probe: echoPort}
+	doneCordon := ie.node2.timed("cordoned node")
 	ie.kubectl(t, "cordon", nodeName)
 	ie.apply(t, scheduled(pod(vm2)))
 	ie.waitUnschedulable(t, vm2.name, "0/2 nodes are available: 1 node(s) didn't match Pod's node affinity/selector",
 		"1 node(s) were unschedulable")
 	ie.kubectl(t, "uncordon", nodeName)
+	doneCordon()
 	if p := ie.waitReady(t, vm2.name); p.Spec.NodeName != nodeName {
 		t.Fatalf("VM pod scheduled to %q once the node was uncordoned, want %s", p.Spec.NodeName, nodeName)
 	}

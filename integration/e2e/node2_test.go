@@ -48,6 +48,50 @@ type secondNode struct {
 	err     error
 
 	netns []string // the network namespaces of its pods ("net:[inode]")
+	// cost is the wall time the node adds to the test, by step: what the
+	// test waits for because of it (its start runs beside the first
+	// node's, so only the lag of its readiness counts).
+	cost []stepCost
+}
+
+type stepCost struct {
+	step string
+	d    time.Duration
+}
+
+// timed measures a step the second node adds; call the result at its end.
+func (n *secondNode) timed(step string) func() {
+	begin := time.Now()
+	return func() { n.cost = append(n.cost, stepCost{step, time.Since(begin)}) }
+}
+
+func (n *secondNode) logCost(t *testing.T) {
+	var total time.Duration
+	var parts []string
+	for _, c := range n.cost {
+		total += c.d
+		parts = append(parts, fmt.Sprintf("%s %s", c.step, c.d.Round(100*time.Millisecond)))
+	}
+	t.Logf("the second node added about %s: %s", total.Round(100*time.Millisecond), strings.Join(parts, ", "))
+}
+
+// readyAfterFirst records how much later than the first node the second
+// became Ready: what the cluster's start waited for it.
+func (n *secondNode) readyAfterFirst(t *testing.T, e *env) {
+	t.Helper()
+	ready := map[string]time.Time{}
+	out := e.kubectl(t, "get", "nodes", "-o",
+		`jsonpath={range .items[*]}{.metadata.name} {.status.conditions[?(@.type=="Ready")].lastTransitionTime}{"\n"}{end}`)
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if f := strings.Fields(line); len(f) == 2 {
+			ready[f[0]], _ = time.Parse(time.RFC3339, f[1])
+		}
+	}
+	lag := ready[node2Name].Sub(ready[nodeName])
+	t.Logf("nodes Ready at %v (second node %s after the first)", ready, lag)
+	if lag > 0 {
+		n.cost = append(n.cost, stepCost{"Ready after the first node", lag})
+	}
 }
 
 // startNode2 starts the second node's containerd and imports the pause
@@ -173,11 +217,11 @@ func (n *secondNode) recordNetns(t *testing.T) {
 	}
 }
 
-// drain deletes what is left on the second node and waits until its
+// drainNode2 deletes what is left on the second node and waits until its
 // containerd holds nothing; before the cluster stops.
 func (ie *installerEnv) drainNode2(t *testing.T) {
 	ctx := context.Background()
-	if _, err := ie.cluster.Kubectl(ctx, nil, "delete", "pods", "--all", "-n", "default", "--field-selector", "spec.nodeName="+node2Name,
+	if _, err := ie.cluster.Kubectl(ctx, nil, "delete", "pods", "-n", "default", "--field-selector", "spec.nodeName="+node2Name,
 		"--wait=true", "--timeout=2m"); err != nil {
 		t.Errorf("delete the pods on %s: %v", node2Name, err)
 	}
