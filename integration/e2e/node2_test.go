@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -47,7 +48,8 @@ type secondNode struct {
 	ctd     *testenv.Containerd
 	err     error
 
-	netns []string // the network namespaces of its pods ("net:[inode]")
+	tasks       []hostProcess // its pod's processes
+	netnsMounts []string      // where its pod's network namespace was mounted
 	// cost is the wall time the node adds to the test, by step: what the
 	// test waits for because of it (its start runs beside the first
 	// node's, so only the lag of its readiness counts).
@@ -188,33 +190,85 @@ func (ie *installerEnv) checkRuncOnBothNodes(t *testing.T, names []string) strin
 		t.Fatalf("runc pods on %v, want one on %s and one on %s", on, nodeName, node2Name)
 	}
 	t.Logf("runc pods run on both nodes: %v", on)
-	ie.node2.recordNetns(t)
+	ie.node2.recordTasks(t)
 	ie.kubectl(t, "delete", "pod", "--wait=false", names[0], names[1])
 	return on[node2Name]
 }
 
-// recordNetns notes the network namespaces of the second node's running
-// tasks (its pod's sandbox and container).
-func (n *secondNode) recordNetns(t *testing.T) {
+// recordTasks notes the second node's running task processes (its
+// pod's sandbox and container) by pid and start time, and where their
+// network namespace is mounted (a path named after a random id): after
+// the test none of them may be there. Namespace inode numbers are no
+// identity: the kernel reuses them at once for the host's next netns.
+func (n *secondNode) recordTasks(t *testing.T) {
 	t.Helper()
 	r := n.ctd.Ctr(context.Background(), testenv.NamespaceCRI, "task", "ls")
 	if r.Err != nil {
 		t.Fatal(r)
 	}
+	netns := map[string]bool{}
 	for _, line := range strings.Split(r.Stdout, "\n")[1:] {
 		f := strings.Fields(line)
 		if len(f) < 3 || f[2] != "RUNNING" {
 			continue
 		}
+		pid, err := strconv.Atoi(f[1])
+		if err != nil {
+			t.Fatalf("ctr task ls: %q", line)
+		}
 		ns, err := os.Readlink(filepath.Join("/proc", f[1], "ns", "net"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		n.netns = append(n.netns, ns)
+		n.tasks = append(n.tasks, hostProcess{pid, processStart(pid)})
+		netns[ns] = true
 	}
-	if len(n.netns) == 0 {
-		t.Fatalf("no running task on %s: %s", node2Name, r.Stdout)
+	for _, m := range mounts() {
+		if netns[m.root] {
+			n.netnsMounts = append(n.netnsMounts, m.point)
+		}
 	}
+	if len(n.tasks) == 0 || len(n.netnsMounts) == 0 {
+		t.Fatalf("on %s: tasks %v, network namespace mounts %v; want some of each:\n%s", node2Name, n.tasks, n.netnsMounts, r.Stdout)
+	}
+}
+
+// hostProcess is a process by pid and start time (field 22 of
+// /proc/<pid>/stat), which a reused pid does not share.
+type hostProcess struct {
+	pid   int
+	start string
+}
+
+func processStart(pid int) string {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return ""
+	}
+	// The command (field 2) is in parentheses and may hold spaces.
+	_, rest, _ := strings.Cut(string(b), ") ")
+	if f := strings.Fields(rest); len(f) > 19 {
+		return f[19]
+	}
+	return ""
+}
+
+type mount struct{ root, point string }
+
+// mounts lists this mount namespace's mounts: for a bind mount of a
+// namespace, its root is the namespace ("net:[inode]").
+func mounts() []mount {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var ms []mount
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 {
+			ms = append(ms, mount{f[3], f[4]})
+		}
+	}
+	return ms
 }
 
 // drainNode2 deletes what is left on the second node and waits until its
@@ -263,7 +317,21 @@ func (n *secondNode) leftovers() []string {
 	for _, d := range kube.CgroupDirs(node2CgroupRoot) {
 		left = append(left, "cgroup "+d)
 	}
-	left = append(left, netnsHolders(n.netns)...)
+	for _, p := range n.tasks {
+		if start := processStart(p.pid); start != "" && start == p.start {
+			left = append(left, fmt.Sprintf("pod process %d", p.pid))
+		}
+	}
+	for _, m := range mounts() {
+		if slices.Contains(n.netnsMounts, m.point) {
+			left = append(left, "network namespace mounted at "+m.point)
+		}
+	}
+	for _, p := range n.netnsMounts {
+		if _, err := os.Lstat(p); err == nil {
+			left = append(left, "network namespace file "+p)
+		}
+	}
 	if _, err := os.Stat(filepath.Join("/sys/class/net", node2Bridge)); err == nil {
 		left = append(left, "link "+node2Bridge)
 	}
@@ -278,35 +346,4 @@ func (n *secondNode) leftovers() []string {
 		left = append(left, fmt.Sprintf("directory %s: %v", n.dir, err))
 	}
 	return left
-}
-
-// netnsHolders lists the processes and mounts that still hold one of the
-// network namespaces: with none, the kernel has freed it.
-func netnsHolders(netns []string) []string {
-	if len(netns) == 0 {
-		return nil
-	}
-	want := map[string]bool{}
-	for _, ns := range netns {
-		want[ns] = true
-	}
-	var held []string
-	procs, _ := filepath.Glob("/proc/[0-9]*/ns/net")
-	for _, p := range procs {
-		if ns, err := os.Readlink(p); err == nil && want[ns] {
-			held = append(held, fmt.Sprintf("%s in process %s", ns, strings.Split(p, "/")[2]))
-		}
-	}
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return append(held, err.Error())
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		// mountinfo: id parent major:minor root mountpoint ...; a bind
-		// mount of a namespace has the namespace as its root.
-		if f := strings.Fields(line); len(f) > 4 && want[f[3]] {
-			held = append(held, fmt.Sprintf("%s mounted at %s", f[3], strconv.Quote(f[4])))
-		}
-	}
-	return held
 }
