@@ -74,7 +74,7 @@ type Options struct {
 	// apiserver's first start on a loaded host takes a while).
 	StartTimeout time.Duration
 	// Nodes are further nodes, each with its own kubelet and containerd;
-	// their kubelets start with the first node's.
+	// their kubelets start right after the first node's.
 	Nodes []Node
 }
 
@@ -95,9 +95,9 @@ type Cluster struct {
 }
 
 // Start lays out the cluster below o.Dir and starts etcd, the apiserver,
-// the controller manager, every node's kubelet (at once), kube-proxy and
-// the scheduler, waiting for each; it returns once every node is Ready and
-// the default service account exists.
+// the controller manager, every node's kubelet (registering in parallel),
+// kube-proxy and the scheduler, waiting for each; it returns once every
+// node is Ready and the default service account exists.
 // On error the returned Cluster, if not nil, must still be stopped.
 func Start(ctx context.Context, o Options) (*Cluster, error) {
 	if err := o.complete(); err != nil {
