@@ -36,13 +36,15 @@ type installerEnv struct {
 	original                             []byte // containerd's config before the install
 	restarts                             atomic.Int32
 	stopSupervisor                       func()
+	node2                                *secondNode // a node without the shim
 }
 
 // TestInstaller takes the node installer's DaemonSet through install, a
 // pod restart, an upgrade N -> N+1 and a downgrade with a VM pod running,
-// and uninstall, on each containerd flavour. The e2e cluster has no
-// kube-scheduler: the test binds the DaemonSet's pods to the node itself,
-// as the scheduler would.
+// and uninstall, on each containerd flavour. Its cluster runs
+// kube-scheduler and has a second node without the shim, which the
+// DaemonSet leaves alone: VM pods are scheduled to the first node only,
+// runc pods to both.
 func TestInstaller(t *testing.T) {
 	if skipReason != "" {
 		t.Skip(skipReason)
@@ -99,7 +101,8 @@ func (s *testSuite) shimOf(t *testing.T, v string) []byte {
 
 // startBare starts a containerd without the kvm runtime, a supervisor
 // that starts it again when the installer stops it (-restart=pidfile),
-// and a cluster on it.
+// and a cluster on it with a second node, whose containerd starts
+// meanwhile.
 func (s *testSuite) startBare(t *testing.T, name string, archives []string) *installerEnv {
 	t.Helper()
 	f, err := testenv.LookupFlavour(name)
@@ -122,6 +125,9 @@ func (s *testSuite) startBare(t *testing.T, name string, archives []string) *ins
 	}
 	n := networks[name]
 	ctx := context.Background()
+	begin := time.Now()
+	ie.node2 = startNode2(f, filepath.Join(dir, "node2"))
+	t.Cleanup(func() { ie.stop(t) })
 	wrapper := filepath.Join(ie.prefix, "libexec", "containerd-shim-kvm-v1", "kvm-qemu-wrapper")
 	ctd, err := testenv.Start(ctx, f, testenv.Options{
 		Dir:          filepath.Join(dir, "containerd"),
@@ -132,7 +138,6 @@ func (s *testSuite) startBare(t *testing.T, name string, archives []string) *ins
 		NoKVMRuntime: true, Imports: imports,
 	})
 	ie.env = &env{name: name, ctd: ctd}
-	t.Cleanup(func() { ie.stop(t) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,13 +150,22 @@ func (s *testSuite) startBare(t *testing.T, name string, archives []string) *ins
 			t.Fatal(importErr)
 		}
 	}
+	node2, err := ie.node2.wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited := time.Since(begin)
 	ie.cluster, err = kube.Start(ctx, kube.Options{
 		Dir: filepath.Join(dir, "kube"), BinDir: s.k8sBin, Node: nodeName, NodeLink: nodeLink, NodeIP: nodeIP,
-		ServiceCIDR: serviceCIDR, PodCIDR: n.subnet, CRISocket: ctd.Address, Scheduler: true,
+		ServiceCIDR: serviceCIDR, PodCIDR: n.subnet, CRISocket: ctd.Address, Scheduler: true, Nodes: []kube.Node{node2},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	ms := func(d time.Duration) time.Duration { return d.Round(100 * time.Millisecond) }
+	t.Logf("second node's containerd started and imported in %s (in the background); cluster start from %s, two nodes ready at %s",
+		ms(ie.node2.started), ms(waited), ms(time.Since(begin)))
+	ie.node2.readyAfterFirst(t, ie.env)
 	return ie
 }
 
@@ -202,16 +216,45 @@ func (ie *installerEnv) stop(t *testing.T) {
 	if ie.stopSupervisor != nil {
 		ie.stopSupervisor()
 	}
-	if ie.cluster != nil && ie.cluster.Pid("kube-apiserver") != 0 {
+	<-ie.node2.ready
+	up := ie.cluster != nil && ie.cluster.Pid("kube-apiserver") != 0
+	if up {
 		_, _ = ie.cluster.Kubectl(context.Background(), nil, "-n", "kube-system", "delete", "daemonset", "kvm-shim-installer",
 			"--ignore-not-found", "--wait=true", "--timeout=1m")
 		_, _ = ie.cluster.Kubectl(context.Background(), nil, "-n", "kube-system", "delete", "pods", "-l",
 			"app.kubernetes.io/name=kvm-shim-installer", "--wait=true", "--timeout=1m")
 		if t.Failed() {
 			t.Logf("installer pods:\n%s", ie.installerLogs())
+			t.Logf("kubelet of %s log (tail):\n%s", node2Name, ie.cluster.LogTail("kubelet-"+node2Name, 40))
 		}
 	}
-	ie.env.stop(t)
+	// Both nodes drain at once (each waits for its kubelet's garbage
+	// collection); the second node costs only what its drain takes longer.
+	var wg sync.WaitGroup
+	var first, second time.Duration
+	if up && ie.node2.ctd != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			begin := time.Now()
+			ie.drainNode2(t)
+			second = time.Since(begin)
+		}()
+	}
+	if ie.env != nil {
+		begin := time.Now()
+		ie.env.drain(t)
+		first = time.Since(begin)
+	}
+	wg.Wait()
+	ie.node2.cost = append(ie.node2.cost, stepCost{"drain beyond the first node's", max(0, second-first)})
+	if ie.env != nil {
+		ie.env.halt(t)
+	}
+	done := ie.node2.timed("stop")
+	ie.node2.stop(t)
+	done()
+	ie.node2.logCost(t)
 }
 
 // manifest is deploy/installer.yaml for this node: image version v, mode,
@@ -391,15 +434,16 @@ func (ie *installerEnv) shimExes() []string {
 
 func testInstallUpgradeRemove(t *testing.T, ie *installerEnv) {
 	n, n1 := installerVersions[0], installerVersions[1]
+	watch := ie.watchNode2(t)
 	// A VM pod created before any node has the shim stays Pending: the
-	// RuntimeClass's nodeSelector matches no node.
+	// RuntimeClass's nodeSelector matches neither node.
 	rc := filepath.Join(suite.repo, "deploy", "runtimeclass.yaml")
 	if _, err := ie.cluster.Kubectl(context.Background(), nil, "apply", "-f", rc); err != nil {
 		t.Fatal(err)
 	}
 	vm := podOpts{name: "vm-up", image: kernelImage, vm: true, probe: echoPort}
 	ie.apply(t, scheduled(pod(vm)))
-	ie.waitUnschedulable(t, vm.name)
+	ie.waitUnschedulable(t, vm.name, "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector")
 
 	// Install on a node whose libvirt is missing: the runtime is
 	// configured (one restart), check fails, no label, an event names
@@ -414,6 +458,7 @@ func testInstallUpgradeRemove(t *testing.T, ie *installerEnv) {
 	}
 	ie.applyInstaller(t, n, "install")
 	ie.waitInstallerRun(t, n, "check failed: libvirt")
+	ie.assertDaemonSetSkipsNode2(t)
 	if got := ie.label(t); got != "" {
 		t.Fatalf("node labelled %q with check failing", got)
 	}
@@ -435,10 +480,16 @@ func testInstallUpgradeRemove(t *testing.T, ie *installerEnv) {
 	}
 	ie.assertShim(t, n)
 
-	// Labelled, the node takes the pending VM pod.
+	// Labelled, the node takes the pending VM pod; two runc pods that
+	// may not share a node start meanwhile, one on each.
+	runcPods, spread := spreadRuncPods()
+	ie.apply(t, spread...)
 	if p := ie.waitReady(t, vm.name); p.Spec.NodeName != nodeName {
 		t.Fatalf("VM pod scheduled to %q, want %s", p.Spec.NodeName, nodeName)
 	}
+	doneRunc := ie.node2.timed("runc pods, after the VM pod's boot")
+	runcOn2 := ie.checkRuncOnBothNodes(t, runcPods)
+	doneRunc()
 	before := ie.identity(t, vm.name)
 	t.Logf("VM pod on %s: QEMU pid %s, boot id %s", n, before.qemuPid, before.bootID)
 
@@ -462,10 +513,20 @@ func testInstallUpgradeRemove(t *testing.T, ie *installerEnv) {
 	if len(exes) != 1 || !strings.HasSuffix(exes[0], " (deleted)") {
 		t.Errorf("shims after the upgrade: %q, want the VM pod's, still running its replaced (deleted) binary", exes)
 	}
-	// A pod created now runs N+1's shim.
+	// A pod created now runs N+1's shim. Created while the node with the
+	// shim is cordoned, it waits for it: the node without the shim has
+	// room but does not match.
 	vm2 := podOpts{name: "vm-new", image: kernelImage, vm: true, probe: echoPort}
+	doneCordon := ie.node2.timed("cordoned node")
+	ie.kubectl(t, "cordon", nodeName)
 	ie.apply(t, scheduled(pod(vm2)))
-	ie.waitReady(t, vm2.name)
+	ie.waitUnschedulable(t, vm2.name, "0/2 nodes are available: 1 node(s) didn't match Pod's node affinity/selector",
+		"1 node(s) were unschedulable")
+	ie.kubectl(t, "uncordon", nodeName)
+	doneCordon()
+	if p := ie.waitReady(t, vm2.name); p.Spec.NodeName != nodeName {
+		t.Fatalf("VM pod scheduled to %q once the node was uncordoned, want %s", p.Spec.NodeName, nodeName)
+	}
 	fresh := 0
 	for _, e := range ie.shimExes() {
 		if !strings.HasSuffix(e, " (deleted)") {
@@ -485,6 +546,7 @@ func testInstallUpgradeRemove(t *testing.T, ie *installerEnv) {
 	ie.assertSameVM(t, vm.name, before, n)
 
 	ie.testUninstall(t, vm.name)
+	assertNoVMOnNode2(t, watch, runcOn2)
 }
 
 // scheduled takes a pod's nodeName away: the scheduler places it.
@@ -493,25 +555,43 @@ func scheduled(p obj) obj {
 	return p
 }
 
-// waitUnschedulable waits until the scheduler has found no node for the
-// pod because of its node selector, and checks it stays unbound.
-func (ie *installerEnv) waitUnschedulable(t *testing.T, name string) {
+// waitUnschedulable waits until the pod is unbound and Unschedulable with
+// a scheduler's message holding each of reasons (the scheduler tries
+// again as nodes change, so an early message may give other reasons).
+func (ie *installerEnv) waitUnschedulable(t *testing.T, name string, reasons ...string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var msg string
-	if err := testenv.Poll(ctx, time.Second, func() (bool, string) {
+	if err := testenv.Poll(ctx, 250*time.Millisecond, func() (bool, string) {
 		const cond = `{.status.conditions[?(@.type=="PodScheduled")]`
 		out, err := ie.cluster.Kubectl(ctx, nil, "get", "pod", name, "-o", "jsonpath={.spec.nodeName}|"+cond+".reason}|"+cond+".message}")
 		msg = out
-		return err == nil && strings.HasPrefix(out, "|Unschedulable|"), fmt.Sprintf("%q %v", out, err)
+		if err != nil || !strings.HasPrefix(out, "|Unschedulable|") {
+			return false, fmt.Sprintf("%q %v", out, err)
+		}
+		for _, r := range reasons {
+			if !strings.Contains(out, r) {
+				return false, fmt.Sprintf("%q lacks %q", out, r)
+			}
+		}
+		return true, ""
 	}); err != nil {
-		t.Fatalf("pod %s: %v, want Unschedulable", name, err)
+		t.Fatalf("pod %s: %v, want Unschedulable for %q", name, err, reasons)
 	}
-	if !strings.Contains(msg, "node affinity/selector") {
-		t.Errorf("pod %s unschedulable for another reason: %s", name, msg)
+	t.Logf("VM pod %s pending: %s", name, msg)
+}
+
+// assertDaemonSetSkipsNode2 checks that the installer's DaemonSet wants a
+// pod on the first node only: the second is labelled to opt out.
+func (ie *installerEnv) assertDaemonSetSkipsNode2(t *testing.T) {
+	t.Helper()
+	got := ie.kubectl(t, "-n", "kube-system", "get", "daemonset", "kvm-shim-installer", "-o",
+		"jsonpath={.status.desiredNumberScheduled}")
+	if got != "1" {
+		t.Fatalf("the installer's DaemonSet wants %s pod(s), want 1: %s is labelled %s=%s", got, node2Name,
+			installOptOutKey, installOptOutValue)
 	}
-	t.Logf("VM pod before any node has the shim: %s", msg)
 }
 
 func (ie *installerEnv) readConfig(t *testing.T) []byte {

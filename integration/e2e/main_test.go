@@ -247,6 +247,13 @@ func (s *testSuite) start(t *testing.T, name string) *env {
 // stop deletes every workload, checks that nothing is left, and stops
 // the cluster and containerd.
 func (e *env) stop(t *testing.T) {
+	e.drain(t)
+	e.halt(t)
+}
+
+// drain deletes every workload and checks that nothing is left of them
+// on the node.
+func (e *env) drain(t *testing.T) {
 	ctx := context.Background()
 	if e.cluster != nil && e.cluster.Pid("kube-apiserver") != 0 {
 		if _, err := e.cluster.Kubectl(ctx, nil, "delete", "deployments,services,pods", "--all", "-n", "default", "--wait=true",
@@ -260,6 +267,11 @@ func (e *env) stop(t *testing.T) {
 			t.Errorf("kubelet pod directories left: %v", left)
 		}
 	}
+}
+
+// halt stops the cluster and containerd, with their logs when t failed.
+func (e *env) halt(t *testing.T) {
+	ctx := context.Background()
 	if e.cluster != nil {
 		if err := e.cluster.Stop(); err != nil {
 			t.Errorf("stop the cluster: %v", err)

@@ -73,6 +73,9 @@ type Options struct {
 	// StartTimeout bounds the whole start; 0 means three minutes (the
 	// apiserver's first start on a loaded host takes a while).
 	StartTimeout time.Duration
+	// Nodes are further nodes, each with its own kubelet and containerd;
+	// their kubelets start right after the first node's.
+	Nodes []Node
 }
 
 // Cluster is a started cluster.
@@ -85,14 +88,16 @@ type Cluster struct {
 	Kubeconfig string
 
 	etcd, apiserver, controllerManager, kubelet, kubeProxy *process
-	scheduler                                              *process // nil unless Options.Scheduler
+	scheduler                                              *process       // nil unless Options.Scheduler
+	nodes                                                  []*kubeletNode // the first node's kubelet, then Options.Nodes'
 	linkMade                                               bool
 	sysctls                                                map[string]string // the host's, before kubelet changed them
 }
 
 // Start lays out the cluster below o.Dir and starts etcd, the apiserver,
-// the controller manager, kubelet and kube-proxy, waiting for each; it
-// returns once the node is Ready and the default service account exists.
+// the controller manager, every node's kubelet (registering in parallel),
+// kube-proxy and the scheduler, waiting for each; it returns once every
+// node is Ready and the default service account exists.
 // On error the returned Cluster, if not nil, must still be stopped.
 func Start(ctx context.Context, o Options) (*Cluster, error) {
 	if err := o.complete(); err != nil {
@@ -113,27 +118,23 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 		KubeletDir: filepath.Join(o.Dir, "kubelet"),
 		Kubeconfig: filepath.Join(o.Dir, "admin.kubeconfig"),
 	}
-	for _, d := range []string{o.Dir, c.PodLogsDir, c.KubeletDir, filepath.Join(o.Dir, "etcd")} {
-		if mkdirAllErr := os.MkdirAll(d, 0o755); mkdirAllErr != nil {
-			return nil, mkdirAllErr
-		}
+	if err = mkdirs(o.Dir, filepath.Join(o.Dir, "etcd")); err != nil {
+		return nil, err
 	}
 	if c.PKI, err = newPKI(filepath.Join(o.Dir, "pki"), o.Node, o.NodeIP, serviceIP); err != nil {
 		return nil, err
 	}
-	if err := c.makeLink(); err != nil {
-		return c, err
+	if err = c.layoutNodes(); err != nil {
+		return nil, err
 	}
-	if err := makeCgroupRoot(); err != nil {
-		return c, err
-	}
-	c.sysctls = saveSysctls()
-	if err := c.writeConfigs(); err != nil {
+	if err = c.prepareHost(); err != nil {
 		return c, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.StartTimeout)
 	defer cancel()
 
+	// A step starts a process and waits until ready passes; one without
+	// a process (p nil) runs ready alone.
 	type step struct {
 		p     **process
 		make  func() *process
@@ -143,13 +144,19 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 		{&c.etcd, c.etcdProcess, c.etcdReady},
 		{&c.apiserver, c.apiserverProcess, c.apiserverReady},
 		{&c.controllerManager, c.controllerManagerProcess, nil},
-		{&c.kubelet, c.kubeletProcess, c.nodeReady},
+		{nil, nil, c.startKubelets},
 		{&c.kubeProxy, c.kubeProxyProcess, nil},
 	}
 	if o.Scheduler {
 		steps = append(steps, step{&c.scheduler, c.schedulerProcess, nil})
 	}
 	for _, s := range steps {
+		if s.p == nil {
+			if err := s.ready(ctx); err != nil {
+				return c, err
+			}
+			continue
+		}
 		p := s.make()
 		*s.p = p
 		if err := p.start(); err != nil {
@@ -181,6 +188,9 @@ func (o *Options) complete() error {
 	}
 	if o.Ports == (Ports{}) {
 		o.Ports = DefaultPorts
+	}
+	if err := o.checkNodes(); err != nil {
+		return err
 	}
 	if o.StartTimeout == 0 {
 		o.StartTimeout = 3 * time.Minute
@@ -214,8 +224,15 @@ func (c *Cluster) writeConfigs() error {
 			return err
 		}
 	}
-	if err := writeJSON(filepath.Join(c.Dir, "kubelet.json"), c.kubeletConfig()); err != nil {
-		return err
+	for _, n := range c.nodes[1:] {
+		if err := writeKubeconfig(n.kubeconfig, server, c.PKI.CA, n.client); err != nil {
+			return err
+		}
+	}
+	for _, n := range c.nodes {
+		if err := writeJSON(n.configPath, c.kubeletConfig(n)); err != nil {
+			return err
+		}
 	}
 	return writeJSON(filepath.Join(c.Dir, "kube-proxy.json"), c.kubeProxyConfig())
 }
@@ -235,10 +252,36 @@ func (c *Cluster) makeLink() error {
 		return err
 	}
 	c.linkMade = true
-	if err := run("ip", "addr", "add", c.NodeIP.String()+"/32", "dev", c.NodeLink); err != nil {
-		return err
+	for _, n := range c.nodes {
+		if err := run("ip", "addr", "add", n.ip.String()+"/32", "dev", c.NodeLink); err != nil {
+			return err
+		}
 	}
 	return run("ip", "link", "set", c.NodeLink, "up")
+}
+
+// prepareHost makes the node link and the nodes' cgroup roots, saves the
+// kernel settings kubelet changes and writes every config file.
+func (c *Cluster) prepareHost() error {
+	if err := c.makeLink(); err != nil {
+		return err
+	}
+	for _, n := range c.nodes {
+		if err := makeCgroupRoot(n.cgroupRoot); err != nil {
+			return err
+		}
+	}
+	c.sysctls = saveSysctls()
+	return c.writeConfigs()
+}
+
+func mkdirs(dirs ...string) error {
+	for _, d := range dirs {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func run(argv ...string) error {
@@ -253,7 +296,8 @@ func (c *Cluster) newProcess(name string, argv ...string) *process {
 }
 
 // LogPath is the log file of a component: etcd, kube-apiserver,
-// kube-controller-manager, kubelet or kube-proxy.
+// kube-controller-manager, kube-scheduler, kubelet (the first node's),
+// kubelet-<node> (a further node's) or kube-proxy.
 func (c *Cluster) LogPath(component string) string {
 	return filepath.Join(c.Dir, component+".log")
 }
@@ -319,28 +363,20 @@ func (c *Cluster) schedulerProcess() *process {
 		"--v=1")
 }
 
-func (c *Cluster) kubeletProcess() *process {
-	return c.newProcess("kubelet", c.bin("kubelet"),
-		"--config="+filepath.Join(c.Dir, "kubelet.json"),
-		"--kubeconfig="+c.kubeconfigPath("kubelet"),
-		"--hostname-override="+c.Node,
-		"--node-ip="+c.NodeIP.String(),
-		"--root-dir="+c.KubeletDir,
-		"--cert-dir="+filepath.Join(c.Dir, "kubelet-pki"),
-		"--v=2")
-}
-
 func (c *Cluster) kubeProxyProcess() *process {
 	return c.newProcess("kube-proxy", c.bin("kube-proxy"),
 		"--config="+filepath.Join(c.Dir, "kube-proxy.json"), "--v=1")
 }
 
-// waitFor polls ready until it succeeds, ctx ends or p exits.
-func (c *Cluster) waitFor(ctx context.Context, p *process, ready func(context.Context) error) error {
+// waitFor polls ready until it succeeds, ctx ends, or p or one of also
+// exits.
+func (c *Cluster) waitFor(ctx context.Context, p *process, ready func(context.Context) error, also ...*process) error {
 	var last error
 	for {
-		if !p.running() {
-			return fmt.Errorf("%s exited: %v\nlog tail:\n%s", p.name, p.waitErr, c.LogTail(p.name, 30))
+		for _, q := range append([]*process{p}, also...) {
+			if !q.running() {
+				return fmt.Errorf("%s exited: %v\nlog tail:\n%s", q.name, q.waitErr, c.LogTail(q.name, 30))
+			}
 		}
 		if last = ready(ctx); last == nil {
 			return nil
@@ -388,15 +424,18 @@ func (c *Cluster) apiserverReady(ctx context.Context) error {
 	return nil
 }
 
-func (c *Cluster) nodeReady(ctx context.Context) error {
-	out, err := c.Kubectl(ctx, nil, "get", "node", c.Node, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
-	if err != nil {
-		return err
+// nodeReady checks that the node named node is Ready.
+func (c *Cluster) nodeReady(node string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		out, err := c.Kubectl(ctx, nil, "get", "node", node, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+		if err != nil {
+			return err
+		}
+		if out != "True" {
+			return fmt.Errorf("node %s Ready=%q", node, out)
+		}
+		return nil
 	}
-	if out != "True" {
-		return fmt.Errorf("node %s Ready=%q", c.Node, out)
-	}
-	return nil
 }
 
 // defaultServiceAccount waits for the controller manager to make the
@@ -442,19 +481,20 @@ func (c *Cluster) Apply(ctx context.Context, objects ...any) error {
 	return nil
 }
 
-// RestartKubelet stops kubelet (SIGTERM) and starts it again with the same
+// RestartKubelet stops the first node's kubelet (SIGTERM) and starts it again with the same
 // configuration, then waits for the node to be Ready.
 func (c *Cluster) RestartKubelet(ctx context.Context) error {
 	if err := c.kubelet.stop(30 * time.Second); err != nil {
 		return err
 	}
-	c.kubelet = c.kubeletProcess()
+	c.kubelet = c.kubeletProcess(c.nodes[0])
+	c.nodes[0].proc = c.kubelet
 	if err := c.kubelet.start(); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.StartTimeout)
 	defer cancel()
-	return c.waitFor(ctx, c.kubelet, c.nodeReady)
+	return c.waitFor(ctx, c.kubelet, c.nodeReady(c.Node))
 }
 
 // LogSize is a component log's current size, a mark for LogSince.
@@ -487,12 +527,13 @@ func (c *Cluster) LogTail(component string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// Stop stops kube-proxy (and removes its iptables rules), kubelet, the
-// controller manager, the apiserver and etcd, each by its pid, then
-// unmounts what kubelet left mounted, removes its iptables chains and its
-// cgroups (CgroupRoot), puts back the kernel settings it changed and
-// deletes the node's link. Pods
-// should be deleted before: kubelet does not stop them when it stops.
+// Stop stops kube-proxy (and removes its iptables rules), every node's
+// kubelet, the scheduler, the controller manager, the apiserver and etcd,
+// each by its pid, then unmounts what the kubelets left mounted below
+// their root dirs, removes their iptables chains and their cgroups (each
+// node's cgroup root), puts back the kernel settings they changed and
+// deletes the nodes' link. Pods should be deleted before: kubelet does not
+// stop them when it stops.
 func (c *Cluster) Stop() error {
 	var errs []error
 	if c.kubeProxy != nil {
@@ -508,10 +549,19 @@ func (c *Cluster) Stop() error {
 			}
 		}
 	}
-	errs = append(errs, stopAll(30*time.Second, c.kubelet, c.scheduler, c.controllerManager, c.apiserver, c.etcd))
-	errs = append(errs, testenv.UnmountAll(c.KubeletDir))
-	if c.kubelet != nil {
-		errs = append(errs, removeKubeletChains(), removeCgroupRoot(), restoreSysctls(c.sysctls))
+	var started bool
+	for _, n := range c.nodes {
+		if n.proc != nil {
+			started = true
+			errs = append(errs, n.proc.stop(30*time.Second))
+		}
+	}
+	errs = append(errs, stopAll(30*time.Second, c.scheduler, c.controllerManager, c.apiserver, c.etcd))
+	for _, n := range c.nodes {
+		errs = append(errs, testenv.UnmountAll(n.rootDir), removeCgroupRoot(n.cgroupRoot))
+	}
+	if started {
+		errs = append(errs, removeKubeletChains(), restoreSysctls(c.sysctls))
 	}
 	if c.linkMade {
 		errs = append(errs, run("ip", "link", "del", c.NodeLink))
@@ -519,9 +569,14 @@ func (c *Cluster) Stop() error {
 	return errors.Join(errs...)
 }
 
-// Pid is the pid of a running component, 0 if it does not run.
+// Pid is the pid of a running component, 0 if it does not run; a
+// further node's kubelet is "kubelet-<node>".
 func (c *Cluster) Pid(component string) int {
-	for _, p := range []*process{c.etcd, c.apiserver, c.controllerManager, c.scheduler, c.kubelet, c.kubeProxy} {
+	ps := []*process{c.etcd, c.apiserver, c.controllerManager, c.scheduler, c.kubeProxy}
+	for _, n := range c.nodes {
+		ps = append(ps, n.proc)
+	}
+	for _, p := range ps {
 		if p != nil && p.name == component && p.running() {
 			return p.cmd.Process.Pid
 		}

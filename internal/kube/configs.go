@@ -59,19 +59,19 @@ func writeKubeconfig(path, server, caFile string, client pair) error {
 	return writeJSON(path, k)
 }
 
-// kubeletConfig is kubelet's KubeletConfiguration for this node.
-func (c *Cluster) kubeletConfig() map[string]any {
+// kubeletConfig is kubelet's KubeletConfiguration for node n.
+func (c *Cluster) kubeletConfig(n *kubeletNode) map[string]any {
 	return map[string]any{
 		"apiVersion": "kubelet.config.k8s.io/v1beta1",
 		"kind":       "KubeletConfiguration",
-		"address":    c.NodeIP.String(),
-		"port":       c.Ports.Kubelet,
+		"address":    n.ip.String(),
+		"port":       n.port,
 		// No unauthenticated read-only port.
 		"readOnlyPort":       0,
 		"healthzBindAddress": "127.0.0.1",
-		"healthzPort":        c.Ports.KubeletHealthz,
-		"tlsCertFile":        c.PKI.KubeletServing.Cert,
-		"tlsPrivateKeyFile":  c.PKI.KubeletServing.Key,
+		"healthzPort":        n.healthzPort,
+		"tlsCertFile":        n.serving.Cert,
+		"tlsPrivateKeyFile":  n.serving.Key,
 		"authentication": map[string]any{
 			"anonymous": map[string]any{"enabled": false},
 			"webhook":   map[string]any{"enabled": false},
@@ -83,11 +83,11 @@ func (c *Cluster) kubeletConfig() map[string]any {
 		// This machine: cgroup v1 (deprecated by kubelet, still
 		// supported when asked for), no systemd, no swap accounting.
 		"cgroupDriver":             "cgroupfs",
-		"cgroupRoot":               CgroupRoot,
+		"cgroupRoot":               n.cgroupRoot,
 		"failCgroupV1":             false,
 		"failSwapOn":               false,
-		"containerRuntimeEndpoint": "unix://" + c.CRISocket,
-		"podLogsDir":               c.PodLogsDir,
+		"containerRuntimeEndpoint": "unix://" + n.criSocket,
+		"podLogsDir":               n.podLogsDir,
 		"staticPodPath":            "",
 		"resolvConf":               "/etc/resolv.conf",
 		// A shared test host: kubelet must not evict pods or delete

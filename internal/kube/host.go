@@ -12,30 +12,44 @@ import (
 	"time"
 )
 
-// CgroupRoot is kubelet's cgroupRoot: the node's pods live below it in
-// each cgroup v1 hierarchy, apart from anything else on the host (the
-// integration suite's CRI pods use /kubepods).
+// CgroupRoot is the first node's kubelet cgroupRoot: the node's pods live
+// below it in each cgroup v1 hierarchy, apart from anything else on the
+// host (the integration suite's CRI pods use /kubepods). Further nodes
+// name their own (Node.CgroupRoot).
 const CgroupRoot = "/kvm-shim-e2e"
 
 const cgroupFS = "/sys/fs/cgroup"
 
-// cgroupDirs lists CgroupRoot in each mounted hierarchy.
-func cgroupDirs() []string {
+// CgroupDirs lists a cgroup root in each mounted cgroup v1 hierarchy
+// that has it: empty once the root is gone everywhere.
+func CgroupDirs(root string) []string {
+	var there []string
+	for _, d := range cgroupDirs(root) {
+		if _, err := os.Stat(d); err == nil {
+			there = append(there, d)
+		}
+	}
+	return there
+}
+
+// cgroupDirs lists root in each mounted hierarchy.
+func cgroupDirs(root string) []string {
 	entries, _ := os.ReadDir(cgroupFS)
 	var dirs []string
 	for _, e := range entries {
 		h := filepath.Join(cgroupFS, e.Name())
 		if _, err := os.Stat(filepath.Join(h, "cgroup.procs")); err == nil {
-			dirs = append(dirs, filepath.Join(h, CgroupRoot))
+			dirs = append(dirs, filepath.Join(h, root))
 		}
 	}
 	return dirs
 }
 
-// makeCgroupRoot creates CgroupRoot in every hierarchy (kubelet requires
-// it to exist), with the root's CPUs and memory nodes in cpuset.
-func makeCgroupRoot() error {
-	for _, d := range cgroupDirs() {
+// makeCgroupRoot creates a kubelet's cgroup root in every hierarchy
+// (kubelet requires it to exist), with the root's CPUs and memory nodes in
+// cpuset.
+func makeCgroupRoot(root string) error {
+	for _, d := range cgroupDirs(root) {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("cgroup root: %w", err)
 		}
@@ -52,16 +66,16 @@ func makeCgroupRoot() error {
 	return nil
 }
 
-// removeCgroupRoot removes CgroupRoot and what kubelet made below it,
-// deepest first; cgroups of processes that just exited take a moment to
-// go, so it tries for a few seconds.
-func removeCgroupRoot() error {
+// removeCgroupRoot removes a kubelet's cgroup root and what kubelet made
+// below it, deepest first; cgroups of processes that just exited take a
+// moment to go, so it tries for a few seconds.
+func removeCgroupRoot(root string) error {
 	var left []string
 	for try := 0; try < 20; try++ {
 		left = nil
-		for _, root := range cgroupDirs() {
+		for _, dir := range cgroupDirs(root) {
 			var dirs []string
-			_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+			_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 				if err == nil && d.IsDir() {
 					dirs = append(dirs, p)
 				}
@@ -79,7 +93,7 @@ func removeCgroupRoot() error {
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
-	return fmt.Errorf("cgroups left below %s: %s", CgroupRoot, strings.Join(left, ", "))
+	return fmt.Errorf("cgroups left below %s: %s", root, strings.Join(left, ", "))
 }
 
 // kubeletChains are the iptables chains kubelet makes and leaves when it

@@ -138,6 +138,22 @@ type PKI struct {
 	// ServiceAccountKey signs service account tokens (apiserver,
 	// controller-manager); ServiceAccountPub verifies them.
 	ServiceAccountKey, ServiceAccountPub string
+
+	ca  *ca    // signs the certificates of further nodes (issueNode)
+	dir string // where they go
+}
+
+// issueNode signs a kubelet's client certificate (system:node:<node> in
+// system:nodes, which the Node authorizer and NodeRestriction key on) and
+// its serving certificate (the node's IP and name), as files named after
+// base.
+func (p *PKI) issueNode(base, node string, ip net.IP) (client, serving pair, err error) {
+	client, err = p.ca.issue(p.dir, certSpec{file: base + "-client", cn: "system:node:" + node, orgs: []string{"system:nodes"}})
+	if err != nil {
+		return pair{}, pair{}, err
+	}
+	serving, err = p.ca.issue(p.dir, certSpec{file: base + "-serving", cn: node, server: true, ips: []net.IP{ip}, dns: []string{node}})
+	return client, serving, err
 }
 
 // newPKI writes the cluster's PKI into dir for a node named node at
@@ -150,7 +166,7 @@ func newPKI(dir, node string, nodeIP, serviceIP net.IP) (*PKI, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &PKI{CA: c.path}
+	p := &PKI{CA: c.path, ca: c, dir: dir}
 	loopback := net.IPv4(127, 0, 0, 1)
 	specs := []struct {
 		to   *pair
@@ -162,8 +178,6 @@ func newPKI(dir, node string, nodeIP, serviceIP net.IP) (*PKI, error) {
 		{&p.APIServerKubelet, certSpec{file: "apiserver-kubelet-client", cn: "kube-apiserver-kubelet-client", orgs: []string{"system:masters"}}},
 		{&p.Admin, certSpec{file: "admin", cn: "kvm-shim-e2e-admin", orgs: []string{"system:masters"}}},
 		{&p.ControllerManager, certSpec{file: "controller-manager", cn: "system:kube-controller-manager", orgs: []string{"system:masters"}}},
-		{&p.Kubelet, certSpec{file: "kubelet-client", cn: "system:node:" + node, orgs: []string{"system:nodes"}}},
-		{&p.KubeletServing, certSpec{file: "kubelet-serving", cn: node, server: true, ips: []net.IP{nodeIP}, dns: []string{node}}},
 		{&p.KubeProxy, certSpec{file: "kube-proxy", cn: "system:kube-proxy"}},
 		{&p.Scheduler, certSpec{file: "scheduler", cn: "system:kube-scheduler"}},
 	}
@@ -171,6 +185,9 @@ func newPKI(dir, node string, nodeIP, serviceIP net.IP) (*PKI, error) {
 		if *s.to, err = c.issue(dir, s.spec); err != nil {
 			return nil, err
 		}
+	}
+	if p.Kubelet, p.KubeletServing, err = p.issueNode("kubelet", node, nodeIP); err != nil {
+		return nil, err
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
