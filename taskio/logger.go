@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/containerd/log"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/childproc"
 )
 
 // A logging binary (binary:///path?key=value) gets the process's output
@@ -71,7 +73,8 @@ func startLogger(ctx context.Context, u *url.URL, o Options) (_ *logger, retErr 
 	cmd := exec.Command(u.Path, loggerArgs(u.Query())...)
 	cmd.Env = []string{"CONTAINER_ID=" + o.ID, "CONTAINER_NAMESPACE=" + o.Namespace}
 	cmd.ExtraFiles = []*os.File{outR, errR, readyW} // fds 3, 4, 5
-	if err := cmd.Start(); err != nil {
+	waitCmd, err := childproc.Start(cmd)
+	if err != nil {
 		return nil, fmt.Errorf("start logging binary %s: %w", u.Path, err)
 	}
 	l := &logger{cmd: cmd, stdout: outW, stderr: errW, done: make(chan struct{}), stopAfter: o.LoggerStop}
@@ -79,7 +82,7 @@ func startLogger(ctx context.Context, u *url.URL, o Options) (_ *logger, retErr 
 		l.stopAfter = DefaultLoggerStop
 	}
 	go func() {
-		l.waitErr = cmd.Wait()
+		l.waitErr = waitCmd()
 		close(l.done)
 	}()
 	// Only the binary holds its ends from here on; ours are closed on
