@@ -15,8 +15,8 @@ import (
 	"github.com/containerd/containerd/pkg/process"
 	runctask "github.com/containerd/containerd/runtime/v2/runc/task"
 	"github.com/containerd/containerd/sys/reaper"
-	"github.com/containerd/log"
 	runcC "github.com/containerd/go-runc"
+	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/childproc"
@@ -92,7 +92,8 @@ func (monitorReaper) Start(cmd *exec.Cmd) (func() (int, error), error) {
 // record comes first, so a cleanup after a crash finds the runc
 // container; the runtime options are the shim's (a config path), not
 // runc's, and stay here: runc runs with its defaults.
-func (s *service) createPlain(ctx context.Context, r *taskAPI.CreateTaskRequest, req createRequest, stateDir string, rt taskRoute) (_ *taskAPI.CreateTaskResponse, retErr error) {
+func (s *service) createPlain(ctx context.Context, r *taskAPI.CreateTaskRequest, req createRequest, stateDir string,
+	rt taskRoute) (_ *taskAPI.CreateTaskResponse, retErr error) {
 	rs, err := s.startRunc(ctx)
 	if err != nil {
 		return nil, err
@@ -101,14 +102,12 @@ func (s *service) createPlain(ctx context.Context, r *taskAPI.CreateTaskRequest,
 	pt := &plainTask{bundle: r.Bundle}
 	if rt == routePauseSandbox {
 		req.runc = true
-		sb, err := createSandboxTask(ctx, layout{root: stateDir}, req, ident, s.events.send)
-		if err != nil {
+		if pt.sandbox, err = createSandboxTask(ctx, layout{root: stateDir}, req, ident, s.events.send); err != nil {
 			return nil, err
 		}
-		pt.sandbox = sb
 	} else {
 		rec := taskRecord{Kind: kindPlain, ID: r.ID, Namespace: ident.Namespace, PodUID: ident.PodUID, Runc: true}
-		if err := writeRecord(r.Bundle, &rec); err != nil {
+		if err = writeRecord(r.Bundle, &rec); err != nil {
 			return nil, fmt.Errorf("write task record: %w", err)
 		}
 	}
@@ -155,7 +154,8 @@ func (s *service) plainFor(id string) (taskAPI.TaskService, *plainTask) {
 }
 
 // deletePlain deletes a runc task, then what the shim kept for it.
-func (s *service) deletePlain(ctx context.Context, rs taskAPI.TaskService, pt *plainTask, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
+func (s *service) deletePlain(ctx context.Context, rs taskAPI.TaskService, pt *plainTask,
+	r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
 	resp, err := rs.Delete(ctx, r)
 	if err != nil || r.ExecID != "" {
 		return resp, err

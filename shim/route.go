@@ -21,9 +21,9 @@ type taskRoute int
 
 const (
 	routeVM           taskRoute = iota // a VM through libvirt
-	routeShimSandbox               // the pod's sandbox, with the shim as its process
-	routePauseSandbox              // the pod's sandbox as a runc pause container
-	routePlain                     // a container without a VM image, with runc
+	routeShimSandbox                   // the pod's sandbox, with the shim as its process
+	routePauseSandbox                  // the pod's sandbox as a runc pause container
+	routePlain                         // a container without a VM image, with runc
 )
 
 func (r taskRoute) String() string {
@@ -56,8 +56,8 @@ func chooseRoute(spec *specs.Spec, bundle string, rootfs []mount.Mount, plainOn 
 		return routeVM, nil
 	}
 	if !plainOn {
-		return routeVM, fmt.Errorf("no VM image in the container rootfs: expected a *.qcow2, *.img or *.raw file under %s/, or a kernel %s/vmlinuz*; "+
-			"a container without one runs with runc only when plain_containers is enabled in the shim config: %w",
+		return routeVM, fmt.Errorf("no VM image in the container rootfs: expected a *.qcow2, *.img or *.raw file under %s/, "+
+			"or a kernel %s/vmlinuz*; a container without one runs with runc only when plain_containers is enabled in the shim config: %w",
 			vm.DiskDir, vm.BootDir, errdefs.ErrInvalidArgument)
 	}
 	return routePlain, nil

@@ -40,6 +40,11 @@ func TestChooseRoute(t *testing.T) {
 	kernelLayer := layer(t, "boot/vmlinuz", "boot/initrd.img")
 	plainLayer := layer(t, "bin/busybox", "boot/.keep")
 	upper := layer(t)
+	bind := func(src string) []mount.Mount {
+		return []mount.Mount{{Type: "bind", Source: src, Options: []string{"rbind", "ro"}}}
+	}
+	twoMounts := append(overlay(upper, plainLayer), overlay(upper, plainLayer)...)
+	device := []mount.Mount{{Type: "ext4", Source: "/dev/mapper/x"}}
 	for name, tc := range map[string]struct {
 		spec    *specs.Spec
 		bundle  string
@@ -55,11 +60,11 @@ func TestChooseRoute(t *testing.T) {
 		"overlay of a plain image":          {spec: spec("container"), rootfs: overlay(upper, plainLayer), plainOn: true, want: routePlain},
 		"read-only overlay, no upper":       {spec: spec("container"), rootfs: overlay("", plainLayer, upper), plainOn: true, want: routePlain},
 		"plain image with plain off":        {spec: spec("container"), rootfs: overlay(upper, plainLayer), want: routeVM, wantErr: true},
-		"bind mount (native) of a VM":       {spec: spec("container"), rootfs: []mount.Mount{{Type: "bind", Source: vmLayer, Options: []string{"rbind", "rw"}}}, plainOn: true, want: routeVM},
-		"bind mount (native), plain":        {spec: spec("container"), rootfs: []mount.Mount{{Type: "bind", Source: plainLayer, Options: []string{"rbind", "ro"}}}, plainOn: true, want: routePlain},
+		"bind mount (native) of a VM":       {spec: spec("container"), rootfs: bind(vmLayer), plainOn: true, want: routeVM},
+		"bind mount (native), plain":        {spec: spec("container"), rootfs: bind(plainLayer), plainOn: true, want: routePlain},
 		"no rootfs mounts: the bundle's":    {spec: spec(""), bundle: filepath.Dir(plainLayer), rootfs: nil, plainOn: true, want: routePlain},
-		"a block device: goes the VM way":   {spec: spec("container"), rootfs: []mount.Mount{{Type: "ext4", Source: "/dev/mapper/x"}}, plainOn: true, want: routeVM},
-		"two mounts: goes the VM way":       {spec: spec("container"), rootfs: append(overlay(upper, plainLayer), overlay(upper, plainLayer)...), plainOn: true, want: routeVM},
+		"a block device: goes the VM way":   {spec: spec("container"), rootfs: device, plainOn: true, want: routeVM},
+		"two mounts: goes the VM way":       {spec: spec("container"), rootfs: twoMounts, plainOn: true, want: routeVM},
 		"relative overlay dirs: the VM way": {spec: spec("container"), rootfs: overlay("", "a", "b"), plainOn: true, want: routeVM},
 	} {
 		t.Run(name, func(t *testing.T) {

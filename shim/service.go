@@ -68,9 +68,9 @@ var (
 type service struct {
 	shutdown  shutdown.Service
 	publisher shim.Publisher
-	events   *eventQueue
-	kvm      vm.KVMInfo  // detected once at start
-	trim     *memTrimmer // after Create, Start and Delete
+	events    *eventQueue
+	kvm       vm.KVMInfo  // detected once at start
+	trim      *memTrimmer // after Create, Start and Delete
 
 	createMu sync.Mutex // one Create at a time; Shutdown waits for it
 
@@ -98,10 +98,10 @@ func newService(ctx context.Context, publisher shim.Publisher, sd shutdown.Servi
 		publisher: publisher,
 		plain:     make(map[string]*plainTask),
 		events:    newEventQueue(ctx, publisher),
-		kvm:      vm.DetectKVM(),
-		tasks:    make(map[string]taskRunner),
-		trim:     newMemTrimmer(),
-		newHost:  newHost,
+		kvm:       vm.DetectKVM(),
+		tasks:     make(map[string]taskRunner),
+		trim:      newMemTrimmer(),
+		newHost:   newHost,
 	}
 	sd.RegisterCallback(func(context.Context) error {
 		s.trim.stop()
@@ -179,11 +179,11 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 		return nil, err
 	}
 	if rt == routePlain || rt == routePauseSandbox {
-		resp, err := s.createPlain(ctx, r, req, cfg.StateDir, rt)
-		if err == nil && rt == routePauseSandbox {
+		resp, plainErr := s.createPlain(ctx, r, req, cfg.StateDir, rt)
+		if plainErr == nil && rt == routePauseSandbox {
 			goSafe(ctx, "connect to libvirt ahead of the pod's VMs", func() { s.prepareHost(context.WithoutCancel(ctx), cfg) })
 		}
-		return resp, err
+		return resp, plainErr
 	}
 	ident := identity(ctx, r.ID, spec)
 	var t taskRunner

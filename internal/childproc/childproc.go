@@ -52,7 +52,7 @@ func (e *ExitError) Error() string {
 func Start(cmd *exec.Cmd) (wait func() error, err error) {
 	r := current()
 	if r == nil {
-		if err := cmd.Start(); err != nil {
+		if err = cmd.Start(); err != nil {
 			return nil, err
 		}
 		return cmd.Wait, nil
