@@ -28,9 +28,10 @@ import (
 // Why not containerd's own pkg/process.NewBinaryIO, which the module we
 // require carries: it leaves reaping to the runc shim's SIGCHLD reaper
 // ("don't need to register this with the reaper or wait"), and this
-// shim runs with NoReaper (QEMU is libvirt's child, and helpers are
-// waited for), so its error paths and its SIGTERM failure path would
-// leave zombies; it waits for readiness without a bound, under the
+// shim reaps only once plain containers are on (QEMU is libvirt's
+// child; helpers are waited for through internal/childproc, which uses
+// the reaper when there is one), so its error paths and its SIGTERM
+// failure path would leave zombies; it waits for readiness without a bound, under the
 // task's lock here; and it hands its write ends only to an exec.Cmd.
 // The contract is small; the reaping is what matters, and it is ours.
 type logger struct {
