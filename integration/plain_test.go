@@ -97,7 +97,7 @@ func TestCRIPlainContainers(t *testing.T) {
 		inits := map[string]int32{"init-ok": 0, "init-fails": 3}
 		for _, name := range []string{"init-ok", "init-fails"} {
 			cfg := plainContainer(name, busybox, "/bin/busybox", "sh", "-c",
-				fmt.Sprintf("echo %s ran as $(id -u) on $(hostname); exit %d", name, inits[name]))
+				fmt.Sprintf("echo %s ran as $(/bin/busybox id -u) on $(/bin/busybox hostname); exit %d", name, inits[name]))
 			cid := cl.runContainer(t, p, cfg)
 			ids = append(ids, shimID{nsCRI, cid})
 			st := cl.waitContainerState(t, cid, cri.ContainerState_CONTAINER_EXITED, time.Minute)
@@ -129,7 +129,7 @@ func TestCRIPlainContainers(t *testing.T) {
 		if side["mnt"] == host["mnt"] {
 			t.Errorf("the sidecar runs in the host's mount namespace")
 		}
-		r, err := cl.execSync(sid, 30, "/bin/busybox", "sh", "-c", "hostname; echo to-stderr >&2; exit 7")
+		r, err := cl.execSync(sid, 30, "/bin/busybox", "sh", "-c", "/bin/busybox hostname; echo to-stderr >&2; exit 7")
 		if err != nil || r.ExitCode != 7 || strings.TrimSpace(string(r.Stdout)) != "mixed" || strings.TrimSpace(string(r.Stderr)) != "to-stderr" {
 			t.Errorf("ExecSync in the sidecar: %v %v; want exit 7, stdout the pod's hostname, stderr to-stderr", r, err)
 		}
