@@ -114,6 +114,15 @@ func (c *checkList) checkTools(ctx context.Context, cfg config.Config) {
 		c.add(checkOK, tool.name, "%s", strings.SplitN(strings.TrimSpace(string(out)), "\n", 2)[0])
 	}
 
+	if cfg.PlainContainers {
+		// containerd's runc task code runs "runc" from PATH.
+		if out, err := exec.CommandContext(ctx, "runc", "--version").Output(); err != nil {
+			c.add(checkFail, "runc", "runc: %v (plain_containers is on: plain containers and every pod's sandbox need it)", err)
+		} else {
+			c.add(checkOK, "runc", "%s", strings.SplitN(strings.TrimSpace(string(out)), "\n", 2)[0])
+		}
+	}
+
 	if out, err := exec.CommandContext(ctx, cfg.Virtiofsd, "--version").Output(); err != nil {
 		c.add(checkWarn, "virtiofsd", "%s: %v (pods with shared volumes will fail)", cfg.Virtiofsd, err)
 	} else {

@@ -100,6 +100,11 @@ type Config struct {
 	// VMIDStateFile holds the node's identity allocations, shared by every
 	// shim of the node; on a tmpfs (rebuilt from libvirt at each shim start).
 	VMIDStateFile string `toml:"vm_id_state_file"`
+	// PlainContainers runs every container without a VM image (no disk
+	// under /disk/, no kernel under /boot/) with runc in the pod, and the
+	// pod's sandbox as a real pause process with its own namespaces. Off:
+	// such a container is refused, and the sandbox is the shim itself.
+	PlainContainers bool `toml:"plain_containers"`
 }
 
 // Default returns the built-in defaults.

@@ -13,6 +13,8 @@ import (
 	"strings"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/childproc"
 )
 
 // Label is the volume label guests look for.
@@ -302,7 +304,7 @@ func run(ctx context.Context, env []string, tool string, args ...string) error {
 	var output bytes.Buffer
 	cmd.Stdout = &output
 	cmd.Stderr = &output
-	if err := cmd.Run(); err != nil {
+	if err := childproc.Run(cmd); err != nil {
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return fmt.Errorf("%s: %w", filepath.Base(path), errors.Join(ctxErr, err))
 		}

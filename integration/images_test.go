@@ -29,6 +29,7 @@ var knownImages = map[string]imageSpec{
 	"bios":     {file: "bios.tar", ref: "localhost/kvm-guest/bios:latest"},
 	"foreign":  {file: "foreign.tar", ref: "localhost/kvm-guest/foreign:latest", optional: true},
 	"pause":    {file: "pause.tar", ref: sandboxImage},
+	"busybox":  {file: "busybox.tar", ref: "localhost/kvm-guest/busybox:latest"},
 	"nodisk":   {file: "nodisk.tar"},
 	"twodisks": {file: "twodisks.tar"},
 	"escape":   {file: "escape.tar"},
@@ -38,7 +39,7 @@ var knownImages = map[string]imageSpec{
 }
 
 // imageNames orders knownImages for deterministic imports.
-var imageNames = []string{"pause", "kernel", "bios", "foreign", "nodisk", "twodisks", "escape", "corrupt", "cloud"}
+var imageNames = []string{"pause", "busybox", "kernel", "bios", "foreign", "nodisk", "twodisks", "escape", "corrupt", "cloud"}
 
 const sandboxImage = "localhost/kvm-guest/pause:latest"
 

@@ -80,7 +80,10 @@ func assertNothingLeft(t *testing.T, c *containerd, ids ...shimID) {
 //   - no process (QEMU, or kvm-qemu-wrapper before it execs QEMU) whose
 //     command line names a path under the shim's state_dir;
 //   - no network descriptor socket under netfd's socket dir for a domain
-//     of this containerd (isOwnDomain).
+//     of this containerd (isOwnDomain);
+//   - no runc container (runc list under runc's default root, where the
+//     shim's embedded runc task service makes plain containers and
+//     pauses) whose bundle lies in this containerd's state dir.
 func (c *containerd) leftovers(ids []shimID) []string {
 	found := c.Leftovers(context.Background())
 	for _, f := range found {
@@ -114,6 +117,7 @@ func (c *containerd) leftovers(ids []shimID) []string {
 	for _, sock := range c.ownNetfdSockets(ids) {
 		found = append(found, "network descriptor socket "+sock)
 	}
+	found = append(found, c.runcLeftovers()...)
 	for _, id := range ids {
 		sock := shimSocketPath(c.Address, id)
 		if _, err := os.Lstat(sock); err == nil {
@@ -302,4 +306,42 @@ func (c *containerd) forceCleanup(t *testing.T) {
 // cleanupAfter registers forceCleanup for the end of t.
 func (c *containerd) cleanupAfter(t *testing.T) {
 	t.Cleanup(func() { c.forceCleanup(t) })
+}
+
+// runcRoot is runc's default root as containerd's runc task code uses it,
+// one directory per containerd namespace (pkg/process.RuncRoot).
+const runcRoot = "/run/containerd/runc"
+
+// runcLeftovers lists the runc containers of this containerd's tasks that
+// are still there: both flavours and the host share runc's root, so a
+// container counts when its bundle is in this containerd's state dir.
+func (c *containerd) runcLeftovers() []string {
+	var found []string
+	for _, ns := range []string{nsDefault, nsCRI} {
+		root := filepath.Join(runcRoot, ns)
+		if _, err := os.Stat(root); errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		out, err := exec.Command("runc", "--root", root, "list", "--format", "json").Output()
+		if err != nil {
+			found = append(found, fmt.Sprintf("runc list --root %s: %v", root, err))
+			continue
+		}
+		var list []struct {
+			ID     string `json:"id"`
+			Pid    int    `json:"pid"`
+			Status string `json:"status"`
+			Bundle string `json:"bundle"`
+		}
+		if err := json.Unmarshal(out, &list); err != nil {
+			found = append(found, fmt.Sprintf("runc list --root %s: %v: %s", root, err, out))
+			continue
+		}
+		for _, ct := range list {
+			if strings.HasPrefix(ct.Bundle, c.State+"/") {
+				found = append(found, fmt.Sprintf("runc container %s (%s, pid %d) in %s", ct.ID, ct.Status, ct.Pid, root))
+			}
+		}
+	}
+	return found
 }

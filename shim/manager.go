@@ -169,7 +169,13 @@ func (Manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 	}
 	status.Pid = rec.Pid
 	faultpoint.SetDir(rec.StateDir)
+	if rec.Runc {
+		ns, _ := namespaces.Namespace(ctx)
+		status.Pid = stopRunc(ctx, ns, bundle, id)
+	}
 	switch rec.Kind {
+	case kindPlain:
+		return status, removeRecord(bundle)
 	case kindSandbox:
 		if err := releaseSandbox(ctx, layout{root: rec.StateDir}, rec, false); err != nil {
 			return status, err

@@ -21,7 +21,9 @@ import (
 
 // sandboxTask is the pod's sandbox ("pause") container. No VM runs for
 // it: the shim records the pod's network namespace and metadata, and its
-// pid is the shim's own, a live host pid as CRI needs.
+// pid is the shim's own, a live host pid as CRI needs. With
+// plain_containers on, runc runs a real pause process for it
+// (plain.go) and this keeps only the pod's bookkeeping.
 type sandboxTask struct {
 	proc
 	rec    taskRecord
@@ -41,6 +43,10 @@ func createSandboxTask(ctx context.Context, l layout, r createRequest, ident vmp
 			Kind: kindSandbox, ID: r.id, Namespace: ident.Namespace,
 			StateDir: l.root, PodUID: ident.PodUID, Pid: os.Getpid(),
 		},
+	}
+	if r.runc {
+		// The pause's pid is runc's to report.
+		t.rec.Pid, t.rec.Runc = 0, true
 	}
 	if err := l.ensure(); err != nil {
 		return nil, err

@@ -66,10 +66,11 @@ var (
 // service is the task API of one shim. Each method finds the task and
 // delegates; errors become gRPC codes in the interceptor, once.
 type service struct {
-	shutdown shutdown.Service
-	events   *eventQueue
-	kvm      vm.KVMInfo  // detected once at start
-	trim     *memTrimmer // after Create, Start and Delete
+	shutdown  shutdown.Service
+	publisher shim.Publisher
+	events    *eventQueue
+	kvm       vm.KVMInfo  // detected once at start
+	trim      *memTrimmer // after Create, Start and Delete
 
 	createMu sync.Mutex // one Create at a time; Shutdown waits for it
 
@@ -86,16 +87,21 @@ type service struct {
 	tasks map[string]taskRunner // guarded by mu
 	cfg   *config.Config        // guarded by mu; loaded at the first Create
 	host  *host                 // guarded by mu, set under hostMu; made at the first VM Create or ahead of it
+	plain map[string]*plainTask // guarded by mu; the tasks runc runs (plain.go)
+
+	runc runcRuntime // made at the first Create with plain_containers on
 }
 
 func newService(ctx context.Context, publisher shim.Publisher, sd shutdown.Service) (*service, error) {
 	s := &service{
-		shutdown: sd,
-		events:   newEventQueue(ctx, publisher),
-		kvm:      vm.DetectKVM(),
-		tasks:    make(map[string]taskRunner),
-		trim:     newMemTrimmer(),
-		newHost:  newHost,
+		shutdown:  sd,
+		publisher: publisher,
+		plain:     make(map[string]*plainTask),
+		events:    newEventQueue(ctx, publisher),
+		kvm:       vm.DetectKVM(),
+		tasks:     make(map[string]taskRunner),
+		trim:      newMemTrimmer(),
+		newHost:   newHost,
 	}
 	sd.RegisterCallback(func(context.Context) error {
 		s.trim.stop()
@@ -110,7 +116,7 @@ func newService(ctx context.Context, publisher shim.Publisher, sd shutdown.Servi
 
 // RegisterTTRPC makes the service a ttrpc plugin of the shim library.
 func (s *service) RegisterTTRPC(server *ttrpc.Server) error {
-	taskAPI.RegisterTaskService(server, s)
+	taskAPI.RegisterTaskService(server, plainRouter{s})
 	return nil
 }
 
@@ -149,6 +155,9 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 	if _, err := s.get(r.ID, ""); err == nil {
 		return nil, fmt.Errorf("task %s: %w", r.ID, errdefs.ErrAlreadyExists)
 	}
+	if rs, _ := s.plainFor(r.ID); rs != nil {
+		return nil, fmt.Errorf("task %s: %w", r.ID, errdefs.ErrAlreadyExists)
+	}
 	if r.Checkpoint != "" || r.ParentCheckpoint != "" {
 		return nil, fmt.Errorf("restoring a VM from a checkpoint: %w", errdefs.ErrNotImplemented)
 	}
@@ -164,6 +173,17 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 		id: r.ID, bundle: r.Bundle, spec: spec, rootfs: mounts(r.Rootfs),
 		stdio: stdio{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
 		took:  took,
+	}
+	rt, err := s.route(ctx, cfg, spec, req)
+	if err != nil {
+		return nil, err
+	}
+	if rt == routePlain || rt == routePauseSandbox {
+		resp, plainErr := s.createPlain(ctx, r, req, cfg.StateDir, rt)
+		if plainErr == nil && rt == routePauseSandbox {
+			goSafe(ctx, "connect to libvirt ahead of the pod's VMs", func() { s.prepareHost(context.WithoutCancel(ctx), cfg) })
+		}
+		return resp, plainErr
 	}
 	ident := identity(ctx, r.ID, spec)
 	var t taskRunner
@@ -365,7 +385,7 @@ func (s *service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*pt
 	var h *host
 	var busy bool
 	withLock(&s.mu, func() {
-		if busy = len(s.tasks) > 0; !busy {
+		if busy = len(s.tasks) > 0 || len(s.plain) > 0; !busy {
 			h, s.host = s.host, nil
 		}
 	})
@@ -552,13 +572,16 @@ func (s *service) sandboxNetwork(sandboxID string) (string, *netfd.PodNetwork) {
 	if sb, ok := s.tasks[sandboxID].(*sandboxTask); ok && sandboxID != "" {
 		return sb.netns, sb.podNet
 	}
+	if pt, ok := s.plain[sandboxID]; ok && sandboxID != "" && pt.sandbox != nil {
+		return pt.sandbox.netns, pt.sandbox.podNet
+	}
 	return "", nil
 }
 
 func (s *service) hasTasks() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.tasks) > 0
+	return len(s.tasks) > 0 || len(s.plain) > 0
 }
 
 func (s *service) podHasVMs(podUID string) bool {

@@ -20,6 +20,7 @@ const recordFile = "kvm-task.json"
 const (
 	kindSandbox = "sandbox"
 	kindVM      = "vm"
+	kindPlain   = "plain" // a container without a VM image, run by runc
 )
 
 // taskRecord is everything the shim made for one task. It is written
@@ -33,6 +34,10 @@ type taskRecord struct {
 	StateDir      string `json:"stateDir"`
 	LibvirtSocket string `json:"libvirtSocket"`
 	Pid           int    `json:"pid,omitempty"`
+	// Runc: containerd's runc task code runs the task (plain containers,
+	// and the sandbox's pause with plain_containers on): a cleanup
+	// deletes its runc container and unmounts its rootfs.
+	Runc bool `json:"runc,omitempty"`
 
 	// VM tasks.
 	Domain  string `json:"domain,omitempty"`

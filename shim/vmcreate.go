@@ -32,6 +32,9 @@ type createRequest struct {
 	// took times the Create for its log line, from when the request got
 	// the shim's create lock; nil starts the timing in createVMTask.
 	took *phases
+	// runc: containerd's runc task code runs the task (the pod's pause
+	// with plain_containers on); the shim keeps only its records.
+	runc bool
 }
 
 // createVMTask plans the Create (every refusal, before anything is made)

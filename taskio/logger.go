@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/containerd/log"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/childproc"
 )
 
 // A logging binary (binary:///path?key=value) gets the process's output
@@ -26,9 +28,10 @@ import (
 // Why not containerd's own pkg/process.NewBinaryIO, which the module we
 // require carries: it leaves reaping to the runc shim's SIGCHLD reaper
 // ("don't need to register this with the reaper or wait"), and this
-// shim runs with NoReaper (QEMU is libvirt's child, and helpers are
-// waited for), so its error paths and its SIGTERM failure path would
-// leave zombies; it waits for readiness without a bound, under the
+// shim reaps only once plain containers are on (QEMU is libvirt's
+// child; helpers are waited for through internal/childproc, which uses
+// the reaper when there is one), so its error paths and its SIGTERM
+// failure path would leave zombies; it waits for readiness without a bound, under the
 // task's lock here; and it hands its write ends only to an exec.Cmd.
 // The contract is small; the reaping is what matters, and it is ours.
 type logger struct {
@@ -71,7 +74,8 @@ func startLogger(ctx context.Context, u *url.URL, o Options) (_ *logger, retErr 
 	cmd := exec.Command(u.Path, loggerArgs(u.Query())...)
 	cmd.Env = []string{"CONTAINER_ID=" + o.ID, "CONTAINER_NAMESPACE=" + o.Namespace}
 	cmd.ExtraFiles = []*os.File{outR, errR, readyW} // fds 3, 4, 5
-	if err := cmd.Start(); err != nil {
+	waitCmd, err := childproc.Start(cmd)
+	if err != nil {
 		return nil, fmt.Errorf("start logging binary %s: %w", u.Path, err)
 	}
 	l := &logger{cmd: cmd, stdout: outW, stderr: errW, done: make(chan struct{}), stopAfter: o.LoggerStop}
@@ -79,7 +83,7 @@ func startLogger(ctx context.Context, u *url.URL, o Options) (_ *logger, retErr 
 		l.stopAfter = DefaultLoggerStop
 	}
 	go func() {
-		l.waitErr = cmd.Wait()
+		l.waitErr = waitCmd()
 		close(l.done)
 	}()
 	// Only the binary holds its ends from here on; ours are closed on

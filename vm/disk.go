@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/atomicfile"
+	"github.com/kvm-shim/containerd-shim-kvm-v1/internal/childproc"
 )
 
 // ImageInfo is what qemu-img reports about a base image.
@@ -350,7 +351,7 @@ func runTool(ctx context.Context, bin string, args ...string) ([]byte, error) {
 	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
+	if err := childproc.Run(cmd); err != nil {
 		msg := strings.TrimSpace(stderr.String())
 		if msg == "" {
 			msg = err.Error()

@@ -39,6 +39,8 @@ func main() {
 	}
 	// QEMU is libvirt's child, not ours: the shim reaps no processes, so
 	// the helpers it runs (qemu-img, mkfs.vfat) are waited for normally.
+	// With plain_containers on, the task service starts reaping (and
+	// becomes a subreaper) itself, before its first child (shim/plain.go).
 	shimlib.RunManager(context.Background(), shim.Manager{}, func(c *shimlib.Config) {
 		c.NoReaper = true
 		c.NoSubreaper = true

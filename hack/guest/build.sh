@@ -5,6 +5,7 @@
 #   kernel.tar   localhost/kvm-guest/kernel:latest   /boot/vmlinuz + /boot/initrd.img
 #   bios.tar     localhost/kvm-guest/bios:latest     /disk/guest.qcow2 (SeaBIOS -> syslinux -> same kernel/initrd)
 #   pause.tar    localhost/kvm-guest/pause:latest    /pause, a static "wait for SIGTERM" binary
+#   busybox.tar  localhost/kvm-guest/busybox:latest  /bin/busybox (static), a plain container image: no VM in it
 #   foreign.tar  localhost/kvm-guest/foreign:latest  /disk/ipxe.img, a disk this repo did not build (see below)
 #   nodisk.tar, twodisks.tar, escape.tar, corrupt.tar: bad containerDisk images for negative tests
 #
@@ -348,6 +349,13 @@ pack localhost/kvm-guest/bios:latest "$OUT/bios.tar" "${VM_CMD[@]}" \
 pack localhost/kvm-guest/pause:latest "$OUT/pause.tar" \
 	-file "/pause=$WORK/bin/pause:0755" \
 	-entrypoint /pause
+
+# --- a plain container image (runs with runc beside a VM) ----------------------
+
+pack localhost/kvm-guest/busybox:latest "$OUT/busybox.tar" \
+	-file "/bin/busybox=/bin/busybox:0755" \
+	-symlink /bin/sh=busybox \
+	-entrypoint /bin/busybox -cmd sh
 
 # --- foreign containerDisk (see the header for why iPXE) ----------------------
 

@@ -26,6 +26,10 @@ const (
 	RuntimeRunc = "io.containerd.runc.v2"
 )
 
+// HandlerKVMPlain is the CRI runtime handler of the kvm shim with
+// plain_containers on (ShimPlainConfigPath), declared beside "kvm".
+const HandlerKVMPlain = "kvm-plain"
+
 // DefaultCNIBinDir holds Debian's containernetworking-plugins.
 const DefaultCNIBinDir = "/usr/lib/cni"
 
@@ -86,19 +90,22 @@ type Containerd struct {
 	ConfigPath     string
 	LogPath        string
 	ShimConfigPath string // the kvm shim's TOML (runtime option ConfigPath)
-	ShimStateDir   string // the kvm shim's state_dir
-	SandboxImage   string
-	CNIBinDir      string
-	CNIConfDir     string
-	CNINetwork     string
-	IPAMDir        string
-	Bridge         string
-	Subnet         string
-	DefaultGateway bool
-	LogLevel       string
-	MountSetup     string
-	NoKVMRuntime   bool
-	Imports        []string
+	// ShimPlainConfigPath is ShimConfigPath's content plus
+	// plain_containers = true: the config of CRI handler HandlerKVMPlain.
+	ShimPlainConfigPath string
+	ShimStateDir        string // the kvm shim's state_dir
+	SandboxImage        string
+	CNIBinDir           string
+	CNIConfDir          string
+	CNINetwork          string
+	IPAMDir             string
+	Bridge              string
+	Subnet              string
+	DefaultGateway      bool
+	LogLevel            string
+	MountSetup          string
+	NoKVMRuntime        bool
+	Imports             []string
 
 	argv, env    []string // the daemon's command line and environment
 	startTimeout time.Duration
@@ -259,30 +266,31 @@ func (c *Containerd) Relaunch(ctx context.Context) error {
 // newContainerd lays out the daemon o describes; it creates nothing.
 func newContainerd(f Flavour, o Options) *Containerd {
 	c := &Containerd{
-		Flavour:        f,
-		Dir:            o.Dir,
-		Root:           filepath.Join(o.Dir, "root"),
-		State:          filepath.Join(o.Dir, "state"),
-		Opt:            filepath.Join(o.Dir, "opt"),
-		Address:        filepath.Join(o.Dir, "containerd.sock"),
-		TTRPCAddress:   filepath.Join(o.Dir, "containerd.sock.ttrpc"),
-		DebugAddress:   filepath.Join(o.Dir, "debug.sock"),
-		ConfigPath:     filepath.Join(o.Dir, "config.toml"),
-		LogPath:        filepath.Join(o.Dir, "containerd.log"),
-		ShimConfigPath: filepath.Join(o.Dir, "kvm-shim.toml"),
-		ShimStateDir:   filepath.Join(o.Dir, "shim-state"),
-		SandboxImage:   o.SandboxImage,
-		CNIBinDir:      o.CNIBinDir,
-		CNIConfDir:     filepath.Join(o.Dir, "cni", "net.d"),
-		CNINetwork:     o.CNINetwork,
-		IPAMDir:        filepath.Join(o.Dir, "cni", "ipam"),
-		Bridge:         o.Bridge,
-		Subnet:         o.Subnet,
-		DefaultGateway: o.DefaultGateway,
-		LogLevel:       o.LogLevel,
-		MountSetup:     o.MountSetup,
-		NoKVMRuntime:   o.NoKVMRuntime,
-		Imports:        o.Imports,
+		Flavour:             f,
+		Dir:                 o.Dir,
+		Root:                filepath.Join(o.Dir, "root"),
+		State:               filepath.Join(o.Dir, "state"),
+		Opt:                 filepath.Join(o.Dir, "opt"),
+		Address:             filepath.Join(o.Dir, "containerd.sock"),
+		TTRPCAddress:        filepath.Join(o.Dir, "containerd.sock.ttrpc"),
+		DebugAddress:        filepath.Join(o.Dir, "debug.sock"),
+		ConfigPath:          filepath.Join(o.Dir, "config.toml"),
+		LogPath:             filepath.Join(o.Dir, "containerd.log"),
+		ShimConfigPath:      filepath.Join(o.Dir, "kvm-shim.toml"),
+		ShimPlainConfigPath: filepath.Join(o.Dir, "kvm-shim-plain.toml"),
+		ShimStateDir:        filepath.Join(o.Dir, "shim-state"),
+		SandboxImage:        o.SandboxImage,
+		CNIBinDir:           o.CNIBinDir,
+		CNIConfDir:          filepath.Join(o.Dir, "cni", "net.d"),
+		CNINetwork:          o.CNINetwork,
+		IPAMDir:             filepath.Join(o.Dir, "cni", "ipam"),
+		Bridge:              o.Bridge,
+		Subnet:              o.Subnet,
+		DefaultGateway:      o.DefaultGateway,
+		LogLevel:            o.LogLevel,
+		MountSetup:          o.MountSetup,
+		NoKVMRuntime:        o.NoKVMRuntime,
+		Imports:             o.Imports,
 	}
 	if c.CNIBinDir == "" {
 		c.CNIBinDir = DefaultCNIBinDir
@@ -319,6 +327,12 @@ func (c *Containerd) writeConfigs(shimExtra string) error {
 		}
 		if err := os.WriteFile(f.path, b.Bytes(), 0o644); err != nil {
 			return err
+		}
+		if f.path == c.ShimConfigPath {
+			b.WriteString("plain_containers = true\n")
+			if err := os.WriteFile(c.ShimPlainConfigPath, b.Bytes(), 0o644); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -141,6 +141,14 @@ imports = [{{range $i, $p := .Imports}}{{if $i}}, {{end}}{{q $p}}{{end}}]
 
         [{{.CRIRuntime}}.containerd.runtimes.kvm.options]
           ConfigPath = {{q .ShimConfigPath}}
+
+      [{{.CRIRuntime}}.containerd.runtimes.kvm-plain]
+        runtime_type = "io.containerd.kvm.v1"
+        pod_annotations = ["kvm.containerd.io/*"]
+        container_annotations = ["kvm.containerd.io/*"]
+
+        [{{.CRIRuntime}}.containerd.runtimes.kvm-plain.options]
+          ConfigPath = {{q .ShimPlainConfigPath}}
 {{- end}}
 `
 

@@ -1,0 +1,57 @@
+package vm
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestHasImage(t *testing.T) {
+	mk := func(t *testing.T, files ...string) string {
+		dir := t.TempDir()
+		for _, f := range files {
+			p := filepath.Join(dir, f)
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(p, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return dir
+	}
+	outside := mk(t, "disk/host.qcow2")
+	for name, tc := range map[string]struct {
+		layers [][]string
+		want   bool
+	}{
+		"busybox":             {[][]string{{"bin/sh", "etc/passwd", "boot/.keep"}}, false},
+		"empty":               {[][]string{{}}, false},
+		"disk":                {[][]string{{"disk/guest.qcow2"}}, true},
+		"disk upper case ext": {[][]string{{"disk/GUEST.RAW"}}, true},
+		"other file in disk":  {[][]string{{"disk/README"}}, false},
+		"kernel":              {[][]string{{"boot/vmlinuz-6.1", "boot/initrd.img"}}, true},
+		"disk in lower layer": {[][]string{{"bin/sh"}, {"disk/a.img"}}, true},
+		"no layer":            {nil, false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var layers []string
+			for _, files := range tc.layers {
+				layers = append(layers, mk(t, files...))
+			}
+			got, err := HasImage(layers)
+			if err != nil || got != tc.want {
+				t.Fatalf("HasImage = %v, %v; want %v", got, err, tc.want)
+			}
+		})
+	}
+	t.Run("symlink out of the layer", func(t *testing.T) {
+		layer := t.TempDir()
+		if err := os.Symlink(filepath.Join(outside, "disk"), filepath.Join(layer, "disk")); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := HasImage([]string{layer}); err != nil || got {
+			t.Fatalf("HasImage = %v, %v; want false: the link must resolve inside the layer", got, err)
+		}
+	})
+}
