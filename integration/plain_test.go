@@ -199,19 +199,20 @@ func TestCRIPlainContainerRefused(t *testing.T) {
 	})
 }
 
-// TestCRIPauseSandboxCost measures what a real pause (plain_containers
-// on, handler kvm-plain) adds to RunPodSandbox against the shim as the
-// sandbox (handler kvm), same run, pods alternating, with containerd's
-// own runc shim (handler runc) as the yardstick: the pause is runc
-// create and start, so a kvm-plain pod must cost about what a runc pod
-// does (median; 50% and 50 ms of slack: this host's cores are shared
-// and single RunPodSandbox calls vary by a factor of two).
+// TestCRIPauseSandboxCost runs pods of handler kvm (the shim as the
+// sandbox), kvm-plain (a runc pause: plain_containers on) and runc
+// (containerd's own runc shim) alternating in one containerd, checks that
+// each starts and leaves nothing, and logs what RunPodSandbox took with
+// each (median): the figures of docs/performance.md, "The real pause".
+// It judges no time: this host's cores are shared, single RunPodSandbox
+// calls vary by a factor of two, and performance goals are judged by
+// figures, not by a timed test.
 func TestCRIPauseSandboxCost(t *testing.T) {
 	s := requireKVM(t, "pause")
 	s.forEachFlavour(t, func(t *testing.T, c *containerd) {
 		c.cleanupAfter(t)
 		cl := c.cri(t)
-		const rounds = 7
+		const rounds = 5
 		handlers := []string{"kvm", testenv.HandlerKVMPlain, "runc"}
 		took := map[string][]time.Duration{}
 		var ids []shimID
@@ -232,10 +233,7 @@ func TestCRIPauseSandboxCost(t *testing.T) {
 		shim, pause, runc := median(took["kvm"]), median(took[testenv.HandlerKVMPlain]), median(took["runc"])
 		t.Logf("RunPodSandbox median of %d: kvm (shim as sandbox) %v, kvm-plain (runc pause) %v (+%v), runc handler %v",
 			rounds, shim, pause, pause-shim, runc)
-		if pause > runc*3/2+50*time.Millisecond {
-			t.Errorf("a kvm-plain sandbox (%v) costs more than a runc one (%v); all: kvm %v, kvm-plain %v, runc %v",
-				pause, runc, took["kvm"], took[testenv.HandlerKVMPlain], took["runc"])
-		}
+		t.Logf("every RunPodSandbox: kvm %v, kvm-plain %v, runc %v", took["kvm"], took[testenv.HandlerKVMPlain], took["runc"])
 		assertNothingLeft(t, c, ids...)
 	})
 }
