@@ -193,7 +193,8 @@ func TestTableAndMarkdown(t *testing.T) {
 	r.build()
 	tab := r.table()
 	for _, want := range []string{"TCG", "1.05x baseline, +5.0 ms", "ratio <= 1.10", "kvm PSS <= runc PSS", "1.30x per-pod time",
-		"not measured", "QEMU RSS median 160.0 MiB (max 160.0), PSS median 150.0 MiB; libvirtd +0.50 MiB, virtlogd +0.25 MiB per pod; no virtiofsd"} {
+		"not measured",
+		"QEMU RSS median 160.0 MiB (max 160.0), PSS median 150.0 MiB; libvirtd +0.50 MiB, virtlogd +0.25 MiB per pod; no virtiofsd"} {
 		if !strings.Contains(tab, want) {
 			t.Errorf("table lacks %q:\n%s", want, tab)
 		}

@@ -134,12 +134,12 @@ func measurePods(ctx context.Context, d *daemon, runtime string, n int) (_ memor
 	case <-time.After(settle):
 	}
 
-	if err := res.readShims(d, runtime, n); err != nil || runtime != "kvm" {
-		return res, err
+	if readErr := res.readShims(d, runtime, n); readErr != nil || runtime != "kvm" {
+		return res, readErr
 	}
-	node, err := readNodeCost(d, n, daemonsBefore)
+	node, nodeErr := readNodeCost(d, n, daemonsBefore)
 	res.Node = &node
-	return res, err
+	return res, nodeErr
 }
 
 // readShims reads the memory of every shim of d, which serve n pods of

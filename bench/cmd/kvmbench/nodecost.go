@@ -87,9 +87,9 @@ func readNodeCost(d *daemon, n int, before map[string]int) (nodeCost, error) {
 		c.Virtiofsd++
 		c.VirtiofsdRSSKiB += m["Rss"]
 	}
-	after, err := daemonRSS()
-	if err != nil {
-		return c, err
+	after, rssErr := daemonRSS()
+	if rssErr != nil {
+		return c, rssErr
 	}
 	c.DaemonGrowthKiB = map[string]int{}
 	for _, name := range nodeDaemons {

@@ -272,7 +272,8 @@ func (r *results) buildMemory() {
 		"Shim memory: PSS and RSS from /proc/<pid>/smaps_rollup of every containerd-shim-* process started with this containerd's -address, "+
 			"summed and divided by the pods, after every guest printed KVM-GUEST-READY and 3 s idle. One shim process per pod on both sides (ours "+
 			"serves the sandbox and the VM container; runc's serves the pause sandbox). PSS shares the shim binary's pages among its processes, "+
-			"so it falls with more pods. Node cost beside the shim, in the same rounds: RSS and PSS of each VM's QEMU (found by its -name guest=<domain>), "+
+			"so it falls with more pods. Node cost beside the shim, in the same rounds: RSS and PSS of each VM's QEMU "+
+			"(found by its -name guest=<domain>), "+
 			"the virtiofsd processes of the pods' shared volumes, and libvirtd's and virtlogd's RSS with the pods running less before the first "+
 			"pod, divided by the pods. Anchors from other projects (not measured here): Kata's Go shim about 18 MB PSS per pod; Kuasar's "+
 			"sandboxer about 15 MB for 50 pods.")
