@@ -72,7 +72,7 @@ func TestCapacity(t *testing.T) {
 	var names []string
 	for i := range want + 1 {
 		names = append(names, fmt.Sprintf("cap-%d", i))
-		ie.apply(t, scheduled(pod(podOpts{name: names[i], image: kernelImage, vm: true, probe: echoPort})))
+		ie.apply(t, pod(podOpts{name: names[i], image: kernelImage, vm: true, probe: echoPort}))
 	}
 	running, pending := ie.settle(t, names, want)
 	t.Logf("%d VM pods: %q Ready, %q Pending, after %v", len(names), running, pending, time.Since(fill).Round(time.Second))

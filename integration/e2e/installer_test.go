@@ -442,7 +442,7 @@ func testInstallUpgradeRemove(t *testing.T, ie *installerEnv) {
 		t.Fatal(err)
 	}
 	vm := podOpts{name: "vm-up", image: kernelImage, vm: true, probe: echoPort}
-	ie.apply(t, scheduled(pod(vm)))
+	ie.apply(t, pod(vm))
 	ie.waitUnschedulable(t, vm.name, "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector")
 
 	// Install on a node whose libvirt is missing: the runtime is
@@ -519,7 +519,7 @@ func testInstallUpgradeRemove(t *testing.T, ie *installerEnv) {
 	vm2 := podOpts{name: "vm-new", image: kernelImage, vm: true, probe: echoPort}
 	doneCordon := ie.node2.timed("cordoned node")
 	ie.kubectl(t, "cordon", nodeName)
-	ie.apply(t, scheduled(pod(vm2)))
+	ie.apply(t, pod(vm2))
 	ie.waitUnschedulable(t, vm2.name, "0/2 nodes are available: 1 node(s) didn't match Pod's node affinity/selector",
 		"1 node(s) were unschedulable")
 	ie.kubectl(t, "uncordon", nodeName)
@@ -547,12 +547,6 @@ func testInstallUpgradeRemove(t *testing.T, ie *installerEnv) {
 
 	ie.testUninstall(t, vm.name)
 	assertNoVMOnNode2(t, watch, runcOn2)
-}
-
-// scheduled takes a pod's nodeName away: the scheduler places it.
-func scheduled(p obj) obj {
-	delete(p["spec"].(obj), "nodeName")
-	return p
 }
 
 // waitUnschedulable waits until the pod is unbound and Unschedulable with

@@ -233,6 +233,8 @@ func (s *testSuite) start(t *testing.T, name string) *env {
 		ServiceCIDR: serviceCIDR,
 		PodCIDR:     n.subnet,
 		CRISocket:   ctd.Address,
+		// Pods name no node: the scheduler places them, as in a cluster.
+		Scheduler: true,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -168,7 +168,7 @@ func boundToNode2(out string) map[string]string {
 // scheduler has to use both nodes.
 func spreadRuncPods() (names []string, pods []any) {
 	for _, name := range []string{"runc-1", "runc-2"} {
-		p := scheduled(pod(podOpts{name: name, image: pauseImage, labels: obj{"app": "runc-spread"}}))
+		p := pod(podOpts{name: name, image: pauseImage, labels: obj{"app": "runc-spread"}})
 		p["spec"].(obj)["affinity"] = obj{"podAntiAffinity": obj{"requiredDuringSchedulingIgnoredDuringExecution": []obj{{
 			"labelSelector": obj{"matchLabels": obj{"app": "runc-spread"}}, "topologyKey": "kubernetes.io/hostname"}}}}
 		names, pods = append(names, name), append(pods, p)

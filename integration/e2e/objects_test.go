@@ -70,9 +70,8 @@ func podSpec(o podOpts) obj {
 		"image":           o.image,
 		"imagePullPolicy": "Never",
 		"stdin":           o.stdin,
-		// The node has 2 CPUs and no scheduler: kubelet refuses a pod
-		// whose requests do not fit (OutOfcpu), and a Deployment then
-		// makes new pods without end. Request little, limit one CPU.
+		// The node has 2 CPUs: a pod whose requests do not fit stays
+		// Pending. Request little, limit one CPU.
 		"resources": obj{
 			"requests": obj{"cpu": "50m", "memory": o.memory},
 			"limits":   obj{"cpu": "1", "memory": o.memory},
@@ -92,7 +91,6 @@ func podSpec(o podOpts) obj {
 		}
 	}
 	spec := obj{
-		"nodeName":                      nodeName,
 		"automountServiceAccountToken":  false,
 		"enableServiceLinks":            false,
 		"dnsPolicy":                     "Default",
