@@ -28,7 +28,7 @@ var epoch = time.Unix(0, 0).UTC()
 // registry at addr; it prints every tag with its digest, and returns how
 // many images it pushed.
 func pushAll(addr string, b bins) (int, error) {
-	base, err := baseLayer(b.busybox)
+	base, err := baseLayer(b)
 	if err != nil {
 		return 0, err
 	}
@@ -116,13 +116,14 @@ func fileEntry(f file) (*entry, error) {
 	return &entry{hdr: tar.Header{Typeflag: tar.TypeReg, Name: f.path, Mode: f.mode, Size: int64(len(body))}, body: body}, nil
 }
 
-// baseLayer is the busybox base every image shares: the static busybox,
-// a link for each of its applets, the account files and the usual
-// directories.
-func baseLayer(busybox string) (v1.Layer, error) {
-	out, err := exec.Command(busybox, "--list-full").Output()
+// baseLayer is the busybox base every image shares: the static busybox
+// with a hard link in /bin for each of its applets (as in busybox's own
+// image: a masked /bin/ls must not mask the shell), pgrep and ipcs (which
+// Debian's busybox lacks), the account files and the usual directories.
+func baseLayer(b bins) (v1.Layer, error) {
+	out, err := exec.Command(b.busybox, "--list").Output()
 	if err != nil {
-		return nil, fmt.Errorf("%s --list-full: %w", busybox, err)
+		return nil, fmt.Errorf("%s --list: %w", b.busybox, err)
 	}
 	var entries []*entry
 	for _, d := range []string{"/bin", "/sbin", "/usr", "/usr/bin", "/usr/sbin", "/usr/local", "/usr/local/bin",
@@ -130,25 +131,42 @@ func baseLayer(busybox string) (v1.Layer, error) {
 		entries = append(entries, dirEntry(d, 0o755))
 	}
 	entries = append(entries, dirEntry("/tmp", 0o1777), dirEntry("/root", 0o700))
-	bb, err := fileEntry(file{path: "/bin/busybox", src: busybox, mode: 0o755})
-	if err != nil {
-		return nil, err
-	}
-	entries = append(entries, bb,
-		&entry{hdr: tar.Header{Typeflag: tar.TypeReg, Name: "/etc/passwd", Mode: 0o644, Size: int64(len(passwd))}, body: []byte(passwd)},
-		&entry{hdr: tar.Header{Typeflag: tar.TypeReg, Name: "/etc/group", Mode: 0o644, Size: int64(len(group))}, body: []byte(group)})
-	for _, a := range strings.Fields(string(out)) {
-		if a == "bin/busybox" {
-			continue
+	for _, f := range []file{
+		{path: "/bin/busybox", src: b.busybox, mode: 0o755},
+		{path: "/usr/bin/pgrep", src: b.procps, mode: 0o755},
+		{path: "/etc/passwd", data: passwd, mode: 0o644},
+		{path: "/etc/group", data: group, mode: 0o644},
+	} {
+		e, err := fileEntry(f)
+		if err != nil {
+			return nil, err
 		}
-		entries = append(entries, &entry{hdr: tar.Header{Typeflag: tar.TypeSymlink, Name: "/" + a, Linkname: "/bin/busybox"}})
+		entries = append(entries, e)
+	}
+	entries = append(entries, hardLink("/usr/bin/ipcs", "/usr/bin/pgrep"))
+	for _, a := range strings.Fields(string(out)) {
+		if a != "busybox" && !strings.Contains(a, "/") {
+			entries = append(entries, hardLink("/bin/"+a, "/bin/busybox"))
+		}
 	}
 	return layer(entries)
 }
 
+func hardLink(p, target string) *entry {
+	return &entry{hdr: tar.Header{Typeflag: tar.TypeLink, Name: p, Linkname: strings.TrimPrefix(target, "/")}}
+}
+
 // layer packs entries, sorted by path, owned by root, into a layer.
 func layer(entries []*entry) (v1.Layer, error) {
-	sort.Slice(entries, func(i, j int) bool { return entries[i].hdr.Name < entries[j].hdr.Name })
+	// By path, but every hard link after the files: a link must follow
+	// its target in the stream.
+	sort.SliceStable(entries, func(i, j int) bool {
+		li, lj := entries[i].hdr.Typeflag == tar.TypeLink, entries[j].hdr.Typeflag == tar.TypeLink
+		if li != lj {
+			return lj
+		}
+		return entries[i].hdr.Name < entries[j].hdr.Name
+	})
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	for _, e := range entries {

@@ -37,7 +37,7 @@ type image struct {
 
 // bins are the host paths of the programs the images carry.
 type bins struct {
-	busybox, webserver, nonewprivs, pause string
+	busybox, procps, webserver, nonewprivs, pause string
 }
 
 // webServer is an image whose command is the web server under name,

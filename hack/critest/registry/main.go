@@ -30,6 +30,7 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:0", "loopback address to serve on")
 	addrFile := flag.String("addr-file", "", "file the address is written to once the images are in (required)")
 	flag.StringVar(&b.busybox, "busybox", "/bin/busybox", "busybox-static binary of the base layer")
+	flag.StringVar(&b.procps, "procps", "", "the procps program: pgrep and ipcs (required)")
 	flag.StringVar(&b.webserver, "webserver", "", "the webserver program (required)")
 	flag.StringVar(&b.nonewprivs, "nonewprivs", "", "the nonewprivs program (required)")
 	flag.StringVar(&b.pause, "pause", "", "the sandbox (pause) program (required)")
@@ -41,8 +42,8 @@ func main() {
 }
 
 func run(listen, addrFile string, b bins) error {
-	if addrFile == "" || b.webserver == "" || b.nonewprivs == "" || b.pause == "" {
-		return errors.New("-addr-file, -webserver, -nonewprivs and -pause are required")
+	if addrFile == "" || b.procps == "" || b.webserver == "" || b.nonewprivs == "" || b.pause == "" {
+		return errors.New("-addr-file, -procps, -webserver, -nonewprivs and -pause are required")
 	}
 	host, _, err := net.SplitHostPort(listen)
 	if err != nil {
