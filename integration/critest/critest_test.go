@@ -75,6 +75,7 @@ type run struct {
 	flavour, handler string
 	specs            Specs
 	wall             time.Duration
+	leftPods         int // pods critest left behind (removed by the test)
 }
 
 // TestCritest runs the CRI conformance suite on each containerd with the
@@ -96,6 +97,12 @@ func TestCritest(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unlock()
+	// Holding the lock, no live run owns a kvm-critest-* directory: one
+	// there is a dead run's (killed with its session), or a failed run's
+	// kept for its logs until now.
+	for _, x := range testenv.SweepDeadRuns(filepath.Join(os.TempDir(), "kvm-critest-")) {
+		t.Logf("removed what an earlier run left: %s", x)
+	}
 	if err := os.MkdirAll(e.out, 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -19,11 +19,11 @@ import (
 func (h *harness) verdict(t *testing.T, runs []run, wall time.Duration) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "CRI conformance (critest) in %v\n", wall.Round(time.Second))
-	fmt.Fprintf(&b, "%-10s %-7s %6s %6s %7s %8s\n", "containerd", "handler", "passed", "failed", "skipped", "wall")
+	fmt.Fprintf(&b, "%-10s %-7s %6s %6s %7s %8s %9s\n", "containerd", "handler", "passed", "failed", "skipped", "wall", "pods left")
 	byKey := map[string]Specs{}
 	for _, r := range runs {
 		p, f, s := r.specs.Counts()
-		fmt.Fprintf(&b, "%-10s %-7s %6d %6d %7d %8v\n", r.flavour, r.handler, p, f, s, r.wall.Round(time.Second))
+		fmt.Fprintf(&b, "%-10s %-7s %6d %6d %7d %8v %9d\n", r.flavour, r.handler, p, f, s, r.wall.Round(time.Second), r.leftPods)
 		byKey[r.flavour+"/"+r.handler] = r.specs
 	}
 	regressions := map[string][]string{}
