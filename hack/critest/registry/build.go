@@ -143,17 +143,20 @@ func baseLayer(b bins) (v1.Layer, error) {
 		}
 		entries = append(entries, e)
 	}
-	entries = append(entries, hardLink("/usr/bin/ipcs", "/usr/bin/pgrep"))
+	entries = append(entries, hardLink("/usr/bin/ipcs", "/usr/bin/pgrep", 0o755))
 	for _, a := range strings.Fields(string(out)) {
 		if a != "busybox" && !strings.Contains(a, "/") {
-			entries = append(entries, hardLink("/bin/"+a, "/bin/busybox"))
+			entries = append(entries, hardLink("/bin/"+a, "/bin/busybox", 0o755))
 		}
 	}
 	return layer(entries)
 }
 
-func hardLink(p, target string) *entry {
-	return &entry{hdr: tar.Header{Typeflag: tar.TypeLink, Name: p, Linkname: strings.TrimPrefix(target, "/")}}
+// hardLink is a hard link at p to target, whose mode it must repeat:
+// containerd applies a link entry's mode to the inode it shares, so a
+// link of mode 0 would leave busybox itself unexecutable.
+func hardLink(p, target string, mode int64) *entry {
+	return &entry{hdr: tar.Header{Typeflag: tar.TypeLink, Name: p, Linkname: strings.TrimPrefix(target, "/"), Mode: mode}}
 }
 
 // layer packs entries, sorted by path, owned by root, into a layer.
