@@ -12,6 +12,7 @@ import (
 	"encoding/xml"
 	"fmt"
 	"io"
+	"os"
 	"sort"
 	"strings"
 )
@@ -134,6 +135,20 @@ func ParseExceptions(r io.Reader) (Exceptions, error) {
 		}
 	}
 	return ex, sc.Err()
+}
+
+// readExceptionsFile reads the exceptions file at path.
+func readExceptionsFile(path string) (Exceptions, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	ex, err := ParseExceptions(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return ex, nil
 }
 
 // Regressions lists, sorted, the specs that pass with runc and fail with

@@ -99,3 +99,17 @@ func TestWriteExceptionsRoundTrip(t *testing.T) {
 		t.Errorf("round trip = %v, %v\n%s", ex, err, b.String())
 	}
 }
+
+// TestExceptionsFile: the file make critest reads parses, and names specs
+// as the JUnit reports do ("[It] ..."), each under a reason.
+func TestExceptionsFile(t *testing.T) {
+	ex, err := readExceptionsFile("exceptions.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for spec, reason := range ex {
+		if !strings.HasPrefix(spec, "[It] ") || reason == "" {
+			t.Errorf("exceptions.txt: %q (reason %q): not a spec name as JUnit reports give it", spec, reason)
+		}
+	}
+}

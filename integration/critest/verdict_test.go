@@ -38,7 +38,7 @@ func (h *harness) verdict(t *testing.T, runs []run, wall time.Duration) {
 	if h.writeExc != "" {
 		h.writeExceptions(t, regressions)
 	}
-	ex, err := readExceptions(h.exception)
+	ex, err := readExceptionsFile(h.exception)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,19 +55,6 @@ func (h *harness) verdict(t *testing.T, runs []run, wall time.Duration) {
 	for _, s := range g.Stale {
 		t.Errorf("listed in %s but no longer fails with kvm where it passes with runc (remove it): %s", h.exception, s)
 	}
-}
-
-func readExceptions(path string) (Exceptions, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	ex, err := ParseExceptions(f)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return ex, nil
 }
 
 // writeExceptions writes every containerd's regressions, once each, as a
