@@ -40,17 +40,27 @@ type bins struct {
 	busybox, procps, webserver, nonewprivs, pause string
 }
 
-// webServer is an image whose command is the web server under name,
-// listening on port, as the suite's nginx and httpd images are.
-func webServer(ref, name, bin string, port int, pidFile string, extra ...string) image {
-	cmd := []string{"/usr/sbin/" + name, "-listen=:" + strconv.Itoa(port), "-name=" + name}
-	if pidFile != "" {
-		cmd = append(cmd, "-pidfile="+pidFile)
+// server describes one web server image: its tag, the name the server
+// runs and logs under, the port, where it writes its pid ("" for
+// nowhere), and arguments it ignores but shows in its command line.
+type server struct {
+	ref, name, bin string
+	port           int
+	pidFile        string
+	extra          []string
+}
+
+// webServer is an image whose command is the web server, as the suite's
+// nginx and httpd images are.
+func webServer(s server) image {
+	cmd := []string{"/usr/sbin/" + s.name, "-listen=:" + strconv.Itoa(s.port), "-name=" + s.name}
+	if s.pidFile != "" {
+		cmd = append(cmd, "-pidfile="+s.pidFile)
 	}
 	return image{
-		refs:  []string{ref},
-		files: []file{{path: "/usr/sbin/" + name, src: bin, mode: 0o755}},
-		cmd:   append(cmd, extra...),
+		refs:  []string{s.ref},
+		files: []file{{path: "/usr/sbin/" + s.name, src: s.bin, mode: 0o755}},
+		cmd:   append(cmd, s.extra...),
 	}
 }
 
@@ -84,9 +94,9 @@ func suiteImages(b bins) []image {
 	nginxArgs := []string{"master process"} // /proc/1/cmdline as nginx's reads
 	return []image{
 		{refs: []string{e2e + "busybox:1.29-2"}, cmd: []string{"sh"}},
-		webServer(e2e+"nginx:1.14-2", "nginx", b.webserver, 80, "/var/run/nginx.pid", nginxArgs...),
-		webServer(e2e+"httpd:2.4.39-4", "httpd", b.webserver, 80, ""),
-		webServer(staging+"hostnet-nginx-"+runtime.GOARCH+":latest", "nginx", b.webserver, 12003, "/var/run/nginx.pid", nginxArgs...),
+		webServer(server{e2e + "nginx:1.14-2", "nginx", b.webserver, 80, "/var/run/nginx.pid", nginxArgs}),
+		webServer(server{e2e + "httpd:2.4.39-4", "httpd", b.webserver, 80, "", nil}),
+		webServer(server{staging + "hostnet-nginx-" + runtime.GOARCH + ":latest", "nginx", b.webserver, 12003, "/var/run/nginx.pid", nginxArgs}),
 		{
 			refs:  []string{e2e + "nonewprivs:1.3"},
 			files: []file{{path: "/usr/local/bin/nnp", src: b.nonewprivs, mode: 0o4755}},
