@@ -83,7 +83,7 @@ func run(listen, addrFile string, b bins) error {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "critest-registry: %d images in %v, serving on %s\n", n, time.Since(start).Round(time.Millisecond), addr)
-	if err := writeAtomic(addrFile, addr+"\n"); err != nil {
+	if err = writeAtomic(addrFile, addr+"\n"); err != nil {
 		return err
 	}
 	err = <-served
