@@ -90,13 +90,13 @@ func TestCritest(t *testing.T) {
 		t.Skip("critest needs root (containerd, runc, libvirt qemu:///system)")
 	}
 	e := loadEnv(t)
-	start := time.Now()
 	// The containerds and libvirtd are shared host resources.
 	unlock, err := testenv.LockHost(testenv.IntegrationLock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer unlock()
+	start := time.Now() // the run's wall time, without the wait for the lock
 	// Holding the lock, no live run owns a kvm-critest-* directory: one
 	// there is a dead run's (killed with its session), or a failed run's
 	// kept for its logs until now.
