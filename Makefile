@@ -27,13 +27,20 @@ INTEGRATION_RUN     ?= .
 # The e2e tier: one private Kubernetes node per containerd flavour.
 E2E_TIMEOUT ?= 60m
 E2E_RUN     ?= .
+# The CRI conformance suite: critest on each containerd with the runc and
+# kvm handlers (four serial runs). CRITEST_FOCUS narrows it to the specs
+# matching a ginkgo focus regexp; CRITEST_FLAVOURS to some containerds.
+CRITEST_TIMEOUT  ?= 300m
+CRITEST_FOCUS    ?=
+CRITEST_FLAVOURS ?= 1.6 2.x
+CRITEST_TOOLS    := _output/critest/tools
 # The static-analysis gate: golangci-lint at one pinned version, installed
 # with `go install` into a cache outside the repo and reused from there.
 GOLANGCI_LINT_VERSION ?= v2.15.0
 GOLANGCI_LINT_DIR     ?= /usr/local/lib/kvm-shim/golangci-lint-$(GOLANGCI_LINT_VERSION)
 GOLANGCI_LINT         := $(GOLANGCI_LINT_DIR)/golangci-lint
 
-.PHONY: help build install setup setup-demo images guest-images k8s lint lint-tool unit fuzz deb deb-test deploy-image demo-test integration soak e2e test demo bench bench-net bench-numa clean
+.PHONY: help build install setup setup-demo images guest-images k8s critest critest-tools lint lint-tool unit fuzz deb deb-test deploy-image demo-test integration soak e2e test demo bench bench-net bench-numa clean
 
 help: ## Show this help
 	@awk 'BEGIN{FS=":.*## "} /^[a-z0-9-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -63,9 +70,10 @@ $(GOLANGCI_LINT):
 
 lint-tool: $(GOLANGCI_LINT) # the linter only (make test builds it in the background)
 
-lint: $(GOLANGCI_LINT) ## Run golangci-lint (.golangci.yml, all build tags; installs the pinned version on first use)
+lint: $(GOLANGCI_LINT) ## Run golangci-lint (.golangci.yml, all build tags, and the hack/critest module; installs the pinned version on first use)
 	$(GOLANGCI_LINT) run --allow-serial-runners ./...
 	$(GOLANGCI_LINT) run --allow-serial-runners --build-tags faultinject ./shim/... ./internal/faultpoint/...
+	cd hack/critest && GOWORK=off $(GOLANGCI_LINT) run --allow-serial-runners ./...
 
 unit: ## Run the unit tests (privileged ones skip unless root; includes a full cloud-init guest boot under TCG)
 	$(GO) test -timeout 20m ./...
@@ -87,6 +95,16 @@ k8s: ## Build the pinned kube-apiserver, kube-controller-manager, kubelet, kube-
 
 e2e: setup build images k8s ## Run the e2e tier: a private Kubernetes node drives VM pods through kubectl, on containerd 1.6 and 2.x
 	KVM_E2E_K8S_BIN="$$(hack/k8s/build.sh)" $(GO) test -tags e2e -count=1 -json -timeout $(E2E_TIMEOUT) -run '$(E2E_RUN)' ./integration/e2e/ | $(REPORT)
+
+critest-tools: # critest-registry and the programs of its images (hack/critest, a module of its own)
+	cd hack/critest && GOWORK=off CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(CURDIR)/$(CRITEST_TOOLS)/critest-registry ./registry
+	cd hack/critest && GOWORK=off CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(CURDIR)/$(CRITEST_TOOLS)/ ./procps ./webserver ./nonewprivs
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(CRITEST_TOOLS)/pause ./hack/guest/pause
+
+critest: setup build critest-tools ## CRI conformance (critest v1.34.0) on containerd 1.6 and 2.x, runc baseline vs kvm; fails on a spec that passes with runc and fails with kvm unless integration/critest/exceptions.txt lists it
+	KVM_CRITEST=1 KVM_CRITEST_BIN="$$(nice -n 19 hack/critest/build.sh)/critest" KVM_CRITEST_TOOLS=$(CURDIR)/$(CRITEST_TOOLS) \
+	KVM_CRITEST_FOCUS='$(CRITEST_FOCUS)' KVM_CRITEST_FLAVOURS='$(CRITEST_FLAVOURS)' \
+	$(GO) test -tags integration -count=1 -json -timeout $(CRITEST_TIMEOUT) -run '^TestCritest$$' ./integration/critest/ | $(REPORT)
 
 deb: build ## Build the Debian package (dpkg-deb) into _output/deb; DEB_VERSION overrides the version
 	deploy/deb/build.sh

@@ -74,6 +74,15 @@ type Options struct {
 	// are the config's imports, for the node installer's drop-in.
 	NoKVMRuntime bool
 	Imports      []string
+	// RegistryConfigPath is CRI's registry config_path: a directory of
+	// hosts.toml files, one directory per registry host (or _default for
+	// every host), that tells containerd where to pull each host's images
+	// from. "" leaves it unset: no image is pulled by CRI then, as none
+	// can be reached.
+	RegistryConfigPath string
+	// PortMap chains CNI's portmap plugin after the bridge, so that a
+	// pod's host ports (CRI PortMapping) reach it, as on a node.
+	PortMap bool
 }
 
 // Containerd is one private daemon started by Start.
@@ -106,6 +115,8 @@ type Containerd struct {
 	MountSetup          string
 	NoKVMRuntime        bool
 	Imports             []string
+	RegistryConfig      string // Options.RegistryConfigPath
+	PortMap             bool
 
 	argv, env    []string // the daemon's command line and environment
 	startTimeout time.Duration
@@ -291,6 +302,8 @@ func newContainerd(f Flavour, o Options) *Containerd {
 		MountSetup:          o.MountSetup,
 		NoKVMRuntime:        o.NoKVMRuntime,
 		Imports:             o.Imports,
+		RegistryConfig:      o.RegistryConfigPath,
+		PortMap:             o.PortMap,
 	}
 	if c.CNIBinDir == "" {
 		c.CNIBinDir = DefaultCNIBinDir

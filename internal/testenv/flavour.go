@@ -150,29 +150,39 @@ imports = [{{range $i, $p := .Imports}}{{if $i}}, {{end}}{{q $p}}{{end}}]
         [{{.CRIRuntime}}.containerd.runtimes.kvm-plain.options]
           ConfigPath = {{q .ShimPlainConfigPath}}
 {{- end}}
+{{- if .RegistryConfig}}
+
+  [{{.CRIImages}}.registry]
+    config_path = {{q .RegistryConfig}}
+{{- end}}
 `
 
 // configData is what the config template sees: the daemon, and its
-// flavour's config version and the plugin of CRI's cni and runtimes.
+// flavour's config version and the plugins of CRI's cni and runtimes and
+// of its image service.
 type configData struct {
 	*Containerd
 	ConfigVersion int
 	CRIRuntime    string
+	CRIImages     string
 }
 
 func (c *Containerd) configData() configData {
 	d := configData{Containerd: c, ConfigVersion: c.Flavour.configVersion}
 	if d.ConfigVersion == 2 {
 		d.CRIRuntime = `plugins."io.containerd.grpc.v1.cri"`
+		d.CRIImages = d.CRIRuntime
 	} else {
 		d.CRIRuntime = `plugins."io.containerd.cri.v1.runtime"`
+		d.CRIImages = `plugins."io.containerd.cri.v1.images"`
 	}
 	return d
 }
 
 // cniConfList is the private pod network: a bridge on this machine only,
 // addresses from host-local; the bridge is the pods' default gateway with
-// Options.DefaultGateway.
+// Options.DefaultGateway, and portmap gives pods their host ports with
+// Options.PortMap.
 const cniConfList = `{
   "cniVersion": "1.0.0",
   "name": {{q .CNINetwork}},
@@ -191,6 +201,9 @@ const cniConfList = `{
         "ranges": [[{"subnet": {{q .Subnet}}}]]
       }
     },
+{{- if .PortMap}}
+    {"type": "portmap", "capabilities": {"portMappings": true}},
+{{- end}}
     {"type": "loopback"}
   ]
 }

@@ -59,6 +59,53 @@ func TestCNIOptions(t *testing.T) {
 	}
 }
 
+// TestRegistryAndPortMap: the registry's config_path lands in the table
+// of CRI's image service of each config version, and portmap follows the
+// bridge in the CNI chain.
+func TestRegistryAndPortMap(t *testing.T) {
+	for name, table := range map[string]string{
+		"1.6": "io.containerd.grpc.v1.cri",
+		"2.x": "io.containerd.cri.v1.images",
+	} {
+		f, _ := LookupFlavour(name)
+		c := newContainerd(f, Options{Dir: t.TempDir(), SandboxImage: "localhost/pause:1", Bridge: "br0", Subnet: "10.1.2.0/24",
+			RegistryConfigPath: "/x/certs.d", PortMap: true})
+		if err := c.writeConfigs(""); err != nil {
+			t.Fatal(err)
+		}
+		var cfg struct {
+			Plugins map[string]struct {
+				Registry struct {
+					ConfigPath string `toml:"config_path"`
+				} `toml:"registry"`
+			} `toml:"plugins"`
+		}
+		b, _ := os.ReadFile(c.ConfigPath)
+		if err := toml.Unmarshal(b, &cfg); err != nil {
+			t.Fatalf("%s: containerd config is not TOML: %v\n%s", name, err, b)
+		}
+		if got := cfg.Plugins[table].Registry.ConfigPath; got != "/x/certs.d" {
+			t.Errorf("%s: %s registry config_path = %q; want /x/certs.d\n%s", name, table, got, b)
+		}
+		var cni cniConf
+		b, _ = os.ReadFile(filepath.Join(c.CNIConfDir, "10-testenv.conflist"))
+		if err := json.Unmarshal(b, &cni); err != nil {
+			t.Fatalf("CNI config is not JSON: %v\n%s", err, b)
+		}
+		if len(cni.Plugins) != 3 || cni.Plugins[1].Type != "portmap" {
+			t.Errorf("%s: CNI chain with PortMap: want bridge, portmap, loopback:\n%s", name, b)
+		}
+	}
+	f, _ := LookupFlavour("2.x")
+	c := newContainerd(f, Options{Dir: t.TempDir(), SandboxImage: "localhost/pause:1", Bridge: "br0", Subnet: "10.1.2.0/24"})
+	if err := c.writeConfigs(""); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(c.ConfigPath); strings.Contains(string(b), "config_path") {
+		t.Errorf("config_path written without RegistryConfigPath:\n%s", b)
+	}
+}
+
 type cniConf struct {
 	Name    string
 	Plugins []struct {
