@@ -94,9 +94,22 @@ func guestUptime(t *testing.T, cl *criClient, cid string) float64 {
 // guestBootID is the guest kernel's boot id: a new one at every boot.
 func guestBootID(t *testing.T, cl *criClient, cid string) string {
 	t.Helper()
-	r, err := cl.execSync(cid, 10, "cat", "/proc/sys/kernel/random/boot_id")
-	if err != nil || r.ExitCode != 0 || len(r.Stdout) == 0 {
-		t.Fatalf("guest boot id: %v %v", r, err)
+	// An agent that has just answered can still refuse the next command
+	// for a while on a loaded host (libvirt: "Guest agent not available
+	// for now" after an earlier command of the boot timed out): ask again.
+	var id string
+	if err := poll(time.Minute, func() (bool, string) {
+		r, err := cl.execSync(cid, 10, "cat", "/proc/sys/kernel/random/boot_id")
+		if err != nil {
+			return false, err.Error()
+		}
+		if r.ExitCode != 0 || len(r.Stdout) == 0 {
+			return false, fmt.Sprintf("exit %d: %s", r.ExitCode, r.Stderr)
+		}
+		id = strings.TrimSpace(string(r.Stdout))
+		return true, ""
+	}); err != nil {
+		t.Fatalf("guest boot id: %v", err)
 	}
-	return strings.TrimSpace(string(r.Stdout))
+	return id
 }
