@@ -83,8 +83,13 @@ func TestCRIPlainContainers(t *testing.T) {
 		ids := []shimID{{nsCRI, p.id}}
 
 		pausePid := c.criTaskPid(t, p.id)
-		if cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pausePid)); !strings.HasPrefix(string(cmd), "/pause") {
-			t.Fatalf("sandbox task pid %d runs %q, want the image's /pause", pausePid, cmd)
+		// runc start returns once runc init is told to go on, which may be
+		// a moment before it has exec'd the image's program.
+		if err := poll(5*time.Second, func() (bool, string) {
+			cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pausePid))
+			return strings.HasPrefix(string(cmd), "/pause"), fmt.Sprintf("runs %q", cmd)
+		}); err != nil {
+			t.Fatalf("sandbox task pid %d, want the image's /pause: %v", pausePid, err)
 		}
 		host := nsLinks(t, os.Getpid(), "ipc", "uts", "net", "mnt") // the test runs in the host's
 		pause := nsLinks(t, pausePid, "ipc", "uts", "net")
