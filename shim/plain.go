@@ -113,7 +113,10 @@ func (s *service) createPlain(ctx context.Context, r *taskAPI.CreateTaskRequest,
 	}
 	defer func() {
 		if retErr != nil {
-			s.forgetPlain(ctx, r.ID, r.Bundle, pt)
+			// A failed Create never removes the pod's data: a pod
+			// re-created after a power loss keeps its VMs' disks for
+			// kubelet's next try (faults.md).
+			s.forgetPlain(ctx, r.ID, r.Bundle, pt, false)
 		}
 	}()
 	fwd := &taskAPI.CreateTaskRequest{
@@ -130,10 +133,12 @@ func (s *service) createPlain(ctx context.Context, r *taskAPI.CreateTaskRequest,
 }
 
 // forgetPlain drops what the shim keeps of a runc task: the sandbox's
-// pod bookkeeping and the record.
-func (s *service) forgetPlain(ctx context.Context, id, bundle string, pt *plainTask) {
+// pod bookkeeping and the record. removePod also removes the pod's data
+// (its VMs' disks): only a deleted sandbox whose pod has no VM left asks
+// for it.
+func (s *service) forgetPlain(ctx context.Context, id, bundle string, pt *plainTask, removePod bool) {
 	if pt.sandbox != nil {
-		if err := releaseSandbox(ctx, pt.sandbox.layout, &pt.sandbox.rec, !s.podHasVMs(pt.sandbox.rec.PodUID)); err != nil {
+		if err := releaseSandbox(ctx, pt.sandbox.layout, &pt.sandbox.rec, removePod); err != nil {
 			log.G(ctx).WithError(err).WithField("sandbox", id).Warn("release the pod's sandbox")
 		}
 	}
@@ -161,7 +166,7 @@ func (s *service) deletePlain(ctx context.Context, rs taskAPI.TaskService, pt *p
 		return resp, err
 	}
 	withLock(&s.mu, func() { delete(s.plain, r.ID) })
-	s.forgetPlain(ctx, r.ID, pt.bundle, pt)
+	s.forgetPlain(ctx, r.ID, pt.bundle, pt, pt.sandbox != nil && !s.podHasVMs(pt.sandbox.rec.PodUID))
 	return resp, nil
 }
 

@@ -120,3 +120,51 @@ func TestRouterRoutesByTask(t *testing.T) {
 	default:
 	}
 }
+
+// runcCreateFails is a runc task service whose Create fails.
+type runcCreateFails struct{ taskAPI.TaskService }
+
+func (runcCreateFails) Create(context.Context, *taskAPI.CreateTaskRequest) (*taskAPI.CreateTaskResponse, error) {
+	return nil, errdefs.ErrUnavailable
+}
+
+// A pause sandbox whose runc Create fails leaves the pod's VM data as it
+// was, even with no VM of the pod in this shim and only a dead shim's
+// marker beside it: a pod re-created after a power loss keeps its disks
+// for kubelet's next try. Its own record and marker are gone.
+func TestFailedPauseCreateKeepsThePodsData(t *testing.T) {
+	s := newTestService(t, &hostFake{})
+	s.plain = map[string]*plainTask{}
+	s.runc.once.Do(func() {}) // the runc service "started": the fake below
+	s.runc.svc = runcCreateFails{}
+	stateDir := t.TempDir()
+	l := layout{root: stateDir}
+	const uid = "pod-uid-1"
+	disk := filepath.Join(l.podDir(uid), "vms", "overlay.qcow2")
+	if err := os.MkdirAll(filepath.Dir(disk), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(disk, []byte("guest data"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dead := l.sandboxMarker(uid, "old-sandbox")
+	if err := os.MkdirAll(filepath.Dir(dead), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dead, []byte(`{"pid":1999999999,"start_time":1}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bundle := t.TempDir()
+	spec := &specs.Spec{Annotations: map[string]string{annContainerType: "sandbox", annSandboxUID: uid}}
+	ctx := namespaces.WithNamespace(context.Background(), "k8s.io")
+	req := createRequest{id: "new-sandbox", bundle: bundle, spec: spec}
+	_, err := s.createPlain(ctx, &taskAPI.CreateTaskRequest{ID: "new-sandbox", Bundle: bundle}, req, stateDir, routePauseSandbox)
+	if !errdefs.IsUnavailable(err) {
+		t.Fatalf("createPlain = %v; want runc's error", err)
+	}
+	if b, err := os.ReadFile(disk); err != nil || string(b) != "guest data" {
+		t.Fatalf("the pod's VM disk after a failed pause Create: %q, %v", b, err)
+	}
+	assertGone(t, filepath.Join(bundle, recordFile))
+	assertGone(t, l.sandboxMarker(uid, "new-sandbox"))
+}
