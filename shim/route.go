@@ -49,11 +49,15 @@ func chooseRoute(spec *specs.Spec, bundle string, rootfs []mount.Mount, plainOn 
 		return routeVM, nil
 	}
 	isVM, err := vm.HasImage(layers)
-	if err != nil {
-		return routeVM, err
-	}
-	if isVM {
+	switch {
+	case isVM:
 		return routeVM, nil
+	case err != nil && !plainOn:
+		// As before plain containers existed: the VM Create looks into
+		// the mounted rootfs and says what it lacks.
+		return routeVM, nil
+	case err != nil:
+		return routeVM, err
 	}
 	if !plainOn {
 		return routeVM, fmt.Errorf("no VM image in the container rootfs: expected a *.qcow2, *.img or *.raw file under %s/, "+

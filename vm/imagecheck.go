@@ -35,8 +35,14 @@ func HasImage(layers []string) (bool, error) {
 }
 
 // layerHas says whether dir inside layer holds a candidate file.
-// Symlinks are resolved inside the layer, never outside it.
+// Symlinks are resolved inside the layer, never outside it; a dir that is
+// itself a link may point into another layer, which only the mounted
+// rootfs can resolve: it counts as a candidate, and FindBootSource judges
+// it on the mounted rootfs.
 func layerHas(layer, dir string) (bool, error) {
+	if fi, err := os.Lstat(filepath.Join(layer, dir)); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+		return true, nil
+	}
 	full, err := securejoin.SecureJoin(layer, dir)
 	if err != nil {
 		return false, fmt.Errorf("resolve %s in the image layer %s: %w", dir, layer, err)

@@ -45,13 +45,27 @@ func TestHasImage(t *testing.T) {
 			}
 		})
 	}
-	t.Run("symlink out of the layer", func(t *testing.T) {
+	// A disk dir that is a link may point into another layer, which only
+	// the mounted rootfs resolves: it is left to FindBootSource (the VM
+	// way), whatever it points at, and nothing is read through it.
+	t.Run("disk dir is a link", func(t *testing.T) {
 		layer := t.TempDir()
 		if err := os.Symlink(filepath.Join(outside, "disk"), filepath.Join(layer, "disk")); err != nil {
 			t.Fatal(err)
 		}
+		if got, err := HasImage([]string{layer}); err != nil || !got {
+			t.Fatalf("HasImage = %v, %v; want true: a linked disk dir is the VM Create's to judge", got, err)
+		}
+	})
+	// A file link inside a real disk dir still resolves inside the layer:
+	// a link out of it does not make the image a VM image by its target.
+	t.Run("kernel link out of the layer", func(t *testing.T) {
+		layer := mk(t, "boot/.keep")
+		if err := os.Symlink(filepath.Join(outside, "disk"), filepath.Join(layer, "boot", "README")); err != nil {
+			t.Fatal(err)
+		}
 		if got, err := HasImage([]string{layer}); err != nil || got {
-			t.Fatalf("HasImage = %v, %v; want false: the link must resolve inside the layer", got, err)
+			t.Fatalf("HasImage = %v, %v; want false", got, err)
 		}
 	})
 }

@@ -69,7 +69,7 @@ func FindBootSource(rootfs string) (BootSource, error) {
 	switch {
 	case len(kernels) == 0:
 		return BootSource{}, fmt.Errorf("no VM image in the container rootfs: expected exactly one *.qcow2, *.img or *.raw file under %s/, or "+
-			"a kernel %s/vmlinuz*: %w",
+			"a kernel %s/vmlinuz*; a container without one runs with runc only when plain_containers is enabled in the shim config: %w",
 			DiskDir, BootDir, errdefs.ErrInvalidArgument)
 	case len(kernels) > 1:
 		return BootSource{}, fmt.Errorf("more than one kernel under %s/: %s: %w", BootDir, strings.Join(kernels, ", "),
