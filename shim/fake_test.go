@@ -332,6 +332,8 @@ func (f *fakeDomains) PID(name string) (int, error) {
 	return 4242, nil
 }
 
+func (f *fakeDomains) Connected() bool { return true }
+
 func (f *fakeDomains) Reconnects() uint64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -71,6 +71,7 @@ type domains interface {
 	PID(name string) (int, error)
 	WatchExit(name string, pid int) (*vm.ExitWatch, error)
 	Reconnects() uint64
+	Connected() bool
 	VirtiofsdPIDs(name string) (daemons, all []int, err error)
 	vm.AgentCommander
 	SetVCPUs(name string, n int) error

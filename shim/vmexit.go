@@ -110,6 +110,12 @@ func (t *vmTask) awaitQEMUEnd(ctx context.Context, w *vm.ExitWatch) bool {
 		if !t.live() {
 			return false
 		}
+		if !t.h.conn.Connected() {
+			// A call would wake the reconnect loop past its backoff, every
+			// VM's poll at once; the resync after the reconnect reads
+			// the state, a panic included.
+			continue
+		}
 		if st, err := t.h.conn.State(t.rec.Domain); err == nil && st.Panicked {
 			t.onPanicked(ctx)
 			w.Close()

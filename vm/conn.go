@@ -164,6 +164,15 @@ func (d *ctxDialer) socket() net.Conn {
 // was away meanwhile.
 func (c *Conn) Reconnects() uint64 { return c.reconnects.Load() }
 
+// Connected tells whether the connection to libvirtd is up now, without
+// waiting for a reconnect or waking the reconnect loop (which a call
+// does): for work that can skip a turn, such as a poll.
+func (c *Conn) Connected() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.l != nil
+}
+
 // Events delivers EventReconnected after each reconnect. The owner must
 // keep reading.
 func (c *Conn) Events() <-chan Event { return c.events }
