@@ -14,7 +14,9 @@ import (
 	"github.com/containerd/containerd/mount"
 	"github.com/containerd/containerd/pkg/process"
 	runctask "github.com/containerd/containerd/runtime/v2/runc/task"
+	"github.com/containerd/containerd/runtime/v2/shim"
 	"github.com/containerd/containerd/sys/reaper"
+	"github.com/containerd/errdefs"
 	runcC "github.com/containerd/go-runc"
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
@@ -69,13 +71,22 @@ func (s *service) startRunc(ctx context.Context) (taskAPI.TaskService, error) {
 			}
 		})
 		childproc.SetReaper(monitorReaper{})
-		s.runc.svc, s.runc.err = runctask.NewTaskService(ctx, s.publisher, s.shutdown)
+		s.runc.svc, s.runc.err = runctask.NewTaskService(ctx, keepOpen{s.publisher}, s.shutdown)
 		if s.runc.err == nil {
 			log.G(ctx).Info("plain containers on: runc task service started, shim reaps its children")
 		}
 	})
 	return s.runc.svc, s.runc.err
 }
+
+// keepOpen is the shim's event publisher as the runc task service gets
+// it: that service closes its publisher once its own event channel is
+// drained at shutdown, while the shim's event queue still drains into the
+// same publisher and closes it itself (events.go); a second close could
+// drop the queue's last events (a TaskDelete).
+type keepOpen struct{ shim.Publisher }
+
+func (keepOpen) Close() error { return nil }
 
 // monitorReaper waits for a helper through containerd's reaper.
 type monitorReaper struct{}
@@ -162,6 +173,13 @@ func (s *service) plainFor(id string) (taskAPI.TaskService, *plainTask) {
 func (s *service) deletePlain(ctx context.Context, rs taskAPI.TaskService, pt *plainTask,
 	r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
 	resp, err := rs.Delete(ctx, r)
+	if errdefs.IsNotFound(err) && r.ExecID == "" {
+		// runc has no such container (any more): nothing keeps it, so
+		// the shim must not either, or Shutdown would wait for it forever.
+		withLock(&s.mu, func() { delete(s.plain, r.ID) })
+		s.forgetPlain(ctx, r.ID, pt.bundle, pt, pt.sandbox != nil && !s.podHasVMs(pt.sandbox.rec.PodUID))
+		return resp, err
+	}
 	if err != nil || r.ExecID != "" {
 		return resp, err
 	}

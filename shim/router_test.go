@@ -168,3 +168,26 @@ func TestFailedPauseCreateKeepsThePodsData(t *testing.T) {
 	assertGone(t, filepath.Join(bundle, recordFile))
 	assertGone(t, l.sandboxMarker(uid, "new-sandbox"))
 }
+
+// runcGone is a runc task service that no longer has the container.
+type runcGone struct{ taskAPI.TaskService }
+
+func (runcGone) Delete(context.Context, *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
+	return nil, errdefs.ErrNotFound
+}
+
+// A runc task runc no longer knows is dropped at its Delete: kept, it
+// would hold the shim up forever (Shutdown waits for every task).
+func TestDeleteOfAGoneRuncTaskForgetsIt(t *testing.T) {
+	s := newTestService(t, &hostFake{})
+	s.runc.svc = runcGone{}
+	bundle := t.TempDir()
+	s.plain = map[string]*plainTask{"sidecar": {bundle: bundle}}
+	_, err := plainRouter{s}.Delete(context.Background(), &taskAPI.DeleteRequest{ID: "sidecar"})
+	if !errdefs.IsNotFound(err) {
+		t.Fatalf("Delete = %v; want runc's NotFound", err)
+	}
+	if s.hasTasks() {
+		t.Errorf("the gone runc task is still kept")
+	}
+}
