@@ -109,9 +109,10 @@ func (s *testSuite) startBare(t *testing.T, name string, archives []string) *ins
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := filepath.Join(s.tmp, "installer-"+name)
+	key := fmt.Sprintf("%s-%d", name, s.bareClusters.Add(1))
+	dir := filepath.Join(s.tmp, "installer-"+key)
 	ie := &installerEnv{
-		prefix:    filepath.Join(s.wrapperDir, "node-"+name), // the QEMU user reaches the wrapper there
+		prefix:    filepath.Join(s.wrapperDir, "node-"+key), // the QEMU user reaches the wrapper there
 		dropinDir: filepath.Join(dir, "conf.d"),
 		stateDir:  filepath.Join(dir, "installer-state"),
 		pidFile:   filepath.Join(dir, "containerd.pid"),

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -55,6 +56,11 @@ type testSuite struct {
 	wrapper    string
 	k8sBin     string
 	imagesDir  string
+	// bareClusters counts startBare's clusters: each gets directories
+	// (and so an etcd) of its own, or a later test on the same flavour
+	// would find the node objects, labels and capacity an earlier one
+	// left (TestCapacity before TestInstaller).
+	bareClusters atomic.Int32
 }
 
 func TestMain(m *testing.M) { os.Exit(runMain(m)) }
