@@ -10,22 +10,12 @@ import (
 	"github.com/containerd/containerd/mount"
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vm/vmtest"
 )
 
 func TestChooseRoute(t *testing.T) {
-	layer := func(t *testing.T, files ...string) string {
-		dir := t.TempDir()
-		for _, f := range files {
-			p := filepath.Join(dir, f)
-			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(p, nil, 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return dir
-	}
+	layer := vmtest.Tree
 	spec := func(kind string) *specs.Spec {
 		return &specs.Spec{Annotations: map[string]string{annContainerType: kind}}
 	}

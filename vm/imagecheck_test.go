@@ -4,22 +4,12 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/kvm-shim/containerd-shim-kvm-v1/vm/vmtest"
 )
 
 func TestHasImage(t *testing.T) {
-	mk := func(t *testing.T, files ...string) string {
-		dir := t.TempDir()
-		for _, f := range files {
-			p := filepath.Join(dir, f)
-			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(p, nil, 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return dir
-	}
+	mk := vmtest.Tree
 	outside := mk(t, "disk/host.qcow2")
 	for name, tc := range map[string]struct {
 		layers [][]string
